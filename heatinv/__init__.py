@@ -1,0 +1,1 @@
+"""heatinv: differentiable LRP for Keras 3 and its inverse problem."""
