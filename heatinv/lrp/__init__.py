@@ -1,0 +1,192 @@
+"""Differentiable Layer-wise Relevance Propagation for Keras 3 models.
+
+>>> import numpy as np, keras
+>>> from heatinv.lrp import relevance
+>>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+...                           keras.layers.Dense(3)])
+>>> R = relevance(model, np.ones((2, 4), "float32"), target=1, composite="epsilon")
+>>> R.shape
+TensorShape([2, 4])
+
+Every operation is an ordinary TensorFlow op on the model's live variables, so a
+``tf.GradientTape`` differentiates the heatmap with respect to the weights and the input,
+eagerly, inside ``tf.function`` and with ``jit_compile=True``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from heatinv.lrp.canonize import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
+from heatinv.lrp.composites import COMPOSITES, Composite, resolve
+from heatinv.lrp.propagate import OUTPUTS, backward, forward, last_linear
+from heatinv.lrp.rules import RULES, make_rule, stabilize
+
+__all__ = [
+    "COMPOSITES",
+    "LRP",
+    "RULES",
+    "SUPPORTED",
+    "Composite",
+    "Explanation",
+    "UnsupportedLayerError",
+    "canonize",
+    "fold_batch_norm",
+    "make_rule",
+    "relevance",
+    "resolve",
+    "stabilize",
+]
+
+
+@dataclass
+class Explanation:
+    """A heatmap with the forward values it came from.
+
+    Attributes:
+        relevance: ``[batch, *input_shape]``, same dtype as the input.
+        logits: ``[batch, classes]``, pre-activation of the last Dense/Conv layer.
+        outputs: ``[batch, classes]``, the model's output (after any final activation).
+        start: ``[batch]``, the relevance that entered the network (the explained score).
+    """
+
+    relevance: tf.Tensor
+    logits: tf.Tensor
+    outputs: tf.Tensor
+    start: tf.Tensor
+
+
+class LRP:
+    """An LRP explainer bound to a model and a composite; build once, call in a step.
+
+    Args:
+        model: a built Keras 3 model, Sequential or functional, a single chain of layers.
+        composite: a name from :data:`COMPOSITES` or a mapping ``{"first", "dense", "conv"}``
+            of rule names (or ``{"name": rule, **params}``).
+        low, high: the input range, for the ``zbox`` rule.
+        epsilon: the epsilon rule's epsilon.
+        gamma: the gamma rule's gamma.
+        alpha, beta: the alpha-beta rule's parameters (when named without parameters).
+        output: ``"logit"`` starts from the target's pre-activation score of the last layer
+            (a final softmax or ReLU cannot zero the map); ``"activation"`` from its
+            post-activation output.
+
+    Example:
+    >>> lrp = LRP(model, composite="epsilon_plus")
+    >>> R = lrp(x, target=3)   # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        composite: str | Mapping = "epsilon_gamma_box",
+        *,
+        low: float = 0.0,
+        high: float = 1.0,
+        epsilon: float = 1e-6,
+        gamma: float = 0.25,
+        alpha: float = 2.0,
+        beta: float = 1.0,
+        output: str = "logit",
+    ):
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
+        self.model = model
+        self.output = output
+        self.steps = canonize(model)
+        self.top = last_linear(self.steps)
+        self.composite = resolve(composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta)
+
+    def __call__(self, x, target) -> tf.Tensor:
+        """The heatmap ``R``, same shape and dtype as ``x``."""
+        return self.explain(x, target).relevance
+
+    def explain(self, x, target) -> Explanation:
+        """The heatmap together with logits, outputs and the explained score."""
+        x = _as_input(x, self.model)
+        fwd = forward(self.steps, x)
+        mask = target_mask(target, fwd.logits)
+        if self.output == "logit":
+            entering, start = fwd.logits * mask, self.top
+        else:
+            entering, start = fwd.outputs * mask, len(self.steps) - 1
+        R = backward(self.steps, fwd, entering, self.composite, start)
+        return Explanation(R, fwd.logits, fwd.outputs, tf.reduce_sum(entering, axis=-1))
+
+
+def relevance(
+    model: keras.Model,
+    x,
+    target,
+    composite: str | Mapping = "epsilon_gamma_box",
+    *,
+    low: float = 0.0,
+    high: float = 1.0,
+    epsilon: float = 1e-6,
+    gamma: float = 0.25,
+    alpha: float = 2.0,
+    beta: float = 1.0,
+    output: str = "logit",
+) -> tf.Tensor:
+    """The LRP heatmap of ``model`` for class ``target`` at ``x``; differentiable.
+
+    Args:
+        model: a built Keras 3 model (a single chain of supported layers).
+        x: ``[batch, *input_shape]`` floating input.
+        target: an int, an int tensor ``[batch]`` or a one-hot ``[batch, classes]``.
+        composite, low, high, epsilon, gamma, alpha, beta, output: see :class:`LRP`.
+
+    Returns:
+        ``R`` with the shape and dtype of ``x``.
+
+    Example:
+    >>> R = relevance(model, x, target=7, composite="epsilon_gamma_box")  # doctest: +SKIP
+    """
+    lrp = LRP(model, composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta, output=output)
+    return lrp(x, target)
+
+
+def _as_input(x, model: keras.Model) -> tf.Tensor:
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        raise TypeError(
+            f"LRP needs a floating input (float32 or float64), got dtype {x.dtype.name}; an integer "
+            "input has no gradient. Convert it first, e.g. x.astype('float32') / 255."
+        )
+    expected = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
+    if expected is not None:
+        given = tuple(x.shape)
+        fits = len(given) == len(expected) and all(e is None or g is None or e == g for e, g in zip(expected[1:], given[1:]))
+        if not fits:
+            raise ValueError(
+                f"Input of shape {given} does not fit model {model.name!r}, which expects "
+                f"{expected} (None = any). Add a batch axis or reshape the input."
+            )
+    return x
+
+
+def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
+    """A ``[batch, classes]`` selector from an int, an int vector or a one-hot matrix."""
+    classes = logits.shape[-1]
+    if isinstance(target, numbers.Integral) or (isinstance(target, np.ndarray) and target.dtype.kind in "iu"):
+        values = np.asarray(target)
+        if values.size and (values.min() < 0 or values.max() >= classes):
+            raise ValueError(f"target {values.tolist()} is out of range for a model with {classes} classes.")
+    target = tf.convert_to_tensor(target)
+    if target.dtype.is_integer:
+        if target.shape.rank == 0:
+            target = tf.fill(tf.shape(logits)[:1], target)
+        if target.shape.rank != 1:
+            raise ValueError(f"An integer target must be a scalar or a [batch] vector, got shape {target.shape}.")
+        return tf.one_hot(target, classes, dtype=logits.dtype)
+    if target.shape.rank != 2 or target.shape[-1] != classes:
+        raise ValueError(
+            f"A float target must be one-hot of shape [batch, {classes}], got shape {target.shape}."
+        )
+    return tf.cast(target, logits.dtype)

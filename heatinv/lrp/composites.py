@@ -1,0 +1,91 @@
+"""Composites: which rule each linear layer gets.
+
+A composite gives a rule to the first linear layer (``first``, optional), to Dense layers
+(``dense``) and to Conv layers (``conv``); the first layer falls back to its type's rule
+when ``first`` is absent. Each rule is a name from :data:`heatinv.lrp.rules.RULES` or a
+mapping ``{"name": ..., **parameters}``; parameters not given come from the defaults passed
+to :func:`resolve` (``epsilon``, ``gamma``, ``low``, ``high``, ``alpha``, ``beta``).
+
+The named composites follow the recommendations of Montavon et al. (2019) and the
+composites of the same names in Zennit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Union
+
+from heatinv.lrp.rules import Rule, make_rule
+
+RuleSpec = Union[str, Mapping]
+
+COMPOSITES: dict[str, dict[str, RuleSpec | None]] = {
+    "zero": {"first": None, "dense": "zero", "conv": "zero"},
+    "epsilon": {"first": None, "dense": "epsilon", "conv": "epsilon"},
+    "zplus": {"first": None, "dense": "zplus", "conv": "zplus"},
+    "epsilon_plus": {"first": None, "dense": "epsilon", "conv": "zplus"},
+    "epsilon_gamma_box": {"first": "zbox", "dense": "epsilon", "conv": "gamma"},
+    "epsilon_plus_flat": {"first": "flat", "dense": "epsilon", "conv": "zplus"},
+    "epsilon_alpha2_beta1": {"first": None, "dense": "epsilon", "conv": {"name": "alpha_beta", "alpha": 2.0, "beta": 1.0}},
+}
+"""Registry of named composites; ``configs/lrp/*.yaml`` holds one file per name."""
+
+
+@dataclass(frozen=True)
+class Composite:
+    """Resolved rules: one for the first linear layer (or None), one per layer kind."""
+
+    first: Rule | None
+    dense: Rule
+    conv: Rule
+
+    def rule_for(self, kind: str, is_first: bool) -> Rule:
+        """The rule for a linear layer of ``kind`` ('dense' or 'conv')."""
+        if is_first and self.first is not None:
+            return self.first
+        return self.dense if kind == "dense" else self.conv
+
+
+def resolve(composite: str | Mapping, **defaults: float) -> Composite:
+    """Build a :class:`Composite` from a registered name or a ``first``/``dense``/``conv`` mapping.
+
+    Example:
+    >>> c = resolve({"first": "zbox", "dense": "epsilon", "conv": {"name": "gamma", "gamma": 0.5}})
+    >>> c.first.name, c.dense.name, c.conv.name
+    ('zbox', 'epsilon', 'gamma')
+    """
+    if isinstance(composite, str):
+        if composite not in COMPOSITES:
+            raise ValueError(
+                f"Unknown LRP composite {composite!r}; expected one of {sorted(COMPOSITES)}, or a "
+                "mapping with keys 'first' (optional), 'dense' and 'conv'."
+            )
+        spec = COMPOSITES[composite]
+    elif isinstance(composite, Mapping):
+        unknown = set(composite) - {"first", "dense", "conv"}
+        missing = {"dense", "conv"} - set(composite)
+        if unknown or missing:
+            raise ValueError(
+                f"A composite mapping needs keys 'dense' and 'conv' (and optionally 'first'); got "
+                f"{sorted(composite)}."
+            )
+        spec = composite
+    else:
+        raise TypeError(f"composite must be a name or a mapping, got {type(composite).__name__}.")
+    first = spec.get("first")
+    return Composite(
+        first=None if first is None else _rule(first, defaults),
+        dense=_rule(spec["dense"], defaults),
+        conv=_rule(spec["conv"], defaults),
+    )
+
+
+def _rule(spec: RuleSpec, defaults: Mapping[str, float]) -> Rule:
+    if isinstance(spec, str):
+        return make_rule(spec, **defaults)
+    params = dict(spec)
+    if "name" not in params:
+        raise ValueError(f"A rule mapping needs a 'name' key, got {dict(spec)!r}.")
+    name = params.pop("name")
+    return make_rule(name, **{**defaults, **params})

@@ -1,0 +1,294 @@
+"""LRP rules, each a pure function of (inputs, weights, relevance) written like its formula.
+
+A linear layer is given to a rule as a :class:`LinearMap`: ``layer.affine(x, W, b)`` is the
+layer's own map (a matrix product for Dense, a convolution for Conv) evaluated with whatever
+kernel and bias the rule chooses, and ``layer.transpose(s, W, x)`` its adjoint ``W^T s``
+(a transposed matrix product or a transposed convolution). So one rule serves dense and
+convolutional layers alike, and every operation stays an ordinary, twice-differentiable
+TensorFlow op (no ``custom_gradient``).
+
+Notation in the docstrings: ``a`` the layer input, ``z = a W + b`` its pre-activation,
+``R`` the relevance of the layer's outputs, ``x+ = max(x, 0)``, ``x- = min(x, 0)``, and
+``stab(z) = z + eps * sign(z)`` with ``sign(0) = +1``.
+
+Reference: G. Montavon, A. Binder, S. Lapuschkin, W. Samek, K.-R. Müller,
+"Layer-Wise Relevance Propagation: An Overview", in Explainable AI, LNCS 11700, 2019.
+Rules with several terms follow the conventions of Zennit (Anders et al., 2021), so a
+model explained with the matching Zennit composite gives the same heatmap.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Protocol
+
+import numpy as np
+import tensorflow as tf
+
+
+STABILIZER = 1e-6
+"""The epsilon every rule except ``epsilon`` uses only to keep its divisions finite."""
+
+ZERO_STABILIZER = 1e-12
+"""LRP-0's stabilizer: small enough to leave the rule unchanged, large enough that 0/0 is 0."""
+
+
+class LinearMap(Protocol):
+    """A Dense or Conv layer's linear map, with any kernel and bias a rule substitutes."""
+
+    def affine(self, x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor | None) -> tf.Tensor:
+        """``x W + b`` (``b`` may be None)."""
+
+    def transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+        """``W^T s``, shaped like the layer input ``like``."""
+
+
+class Rule(Protocol):
+    """A rule bound to its parameters: ``rule(a, kernel, bias, relevance, layer) -> relevance``."""
+
+    name: str
+
+    def __call__(
+        self, a: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relevance: tf.Tensor, layer: LinearMap
+    ) -> tf.Tensor: ...
+
+
+def stabilize(z: tf.Tensor, epsilon: float) -> tf.Tensor:
+    """``z + epsilon * sign(z)`` with ``sign(0) = +1``: never zero, and finite gradients.
+
+    Unlike ``tf.where(z != 0, r / z, 0)``, whose gradient is NaN wherever ``z == 0``, this
+    keeps both the value and its derivatives finite.
+
+    Example:
+    >>> stabilize(tf.constant([-1.0, 0.0, 2.0]), 0.5).numpy()
+    array([-1.5,  0.5,  2.5], dtype=float32)
+    """
+    sign = tf.where(z >= 0, tf.ones_like(z), -tf.ones_like(z))
+    return z + tf.convert_to_tensor(epsilon, dtype=z.dtype) * sign
+
+
+def adjoint(fn: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor, cotangent: tf.Tensor) -> tf.Tensor:
+    """The vector-Jacobian product ``J_fn(x)^T cotangent``; for a linear ``fn`` it is ``W^T s``.
+
+    Used for pooling; the inner tape records ordinary gradient ops (``AvgPoolGrad``,
+    ``MaxPoolGrad``), which an outer tape differentiates again.
+    """
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.gradient(y, x, output_gradients=cotangent)
+
+
+def _split_contributions(
+    a: tf.Tensor,
+    relevance: tf.Tensor,
+    layer: LinearMap,
+    kernel_for_positive_inputs: tf.Tensor,
+    kernel_for_negative_inputs: tf.Tensor,
+    bias: tf.Tensor,
+    stabilizer: float,
+) -> tf.Tensor:
+    """One term of the sign-split rules: ``z = a+ W1 + b + a- W2``, ``R_in = (a+ W1^T + a- W2^T) R/stab(z)``."""
+    a_pos, a_neg = tf.maximum(a, 0.0), tf.minimum(a, 0.0)
+    z = layer.affine(a_pos, kernel_for_positive_inputs, bias) + layer.affine(a_neg, kernel_for_negative_inputs, None)
+    s = relevance / stabilize(z, stabilizer)
+    return a_pos * layer.transpose(s, kernel_for_positive_inputs, a) + a_neg * layer.transpose(
+        s, kernel_for_negative_inputs, a
+    )
+
+
+def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6):
+    """LRP-epsilon (Bach et al. 2015): ``R_in = a * W^T (R / stab(a W + b))``. Dense layers."""
+    s = relevance / stabilize(layer.affine(a, kernel, bias), epsilon)
+    return a * layer.transpose(s, kernel, a)
+
+
+def zero(a, kernel, bias, relevance, layer):
+    """LRP-0 (Bach et al. 2015): epsilon with a vanishing epsilon; upper layers."""
+    return epsilon(a, kernel, bias, relevance, layer, epsilon=ZERO_STABILIZER)
+
+
+def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0):
+    """LRP-alpha-beta (Bach et al. 2015): ``alpha * R_positive - beta * R_negative``; conv layers.
+
+    The positive part uses ``z+ = a+ W+ + b+ + a- W-``, the negative ``z- = a+ W- + b- + a- W+``.
+    ``alpha=1, beta=0`` is the z+ rule.
+    """
+    w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
+    b_pos, b_neg = tf.maximum(bias, 0.0), tf.minimum(bias, 0.0)
+    positive = _split_contributions(a, relevance, layer, w_pos, w_neg, b_pos, STABILIZER)
+    if beta == 0:
+        return alpha * positive
+    negative = _split_contributions(a, relevance, layer, w_neg, w_pos, b_neg, STABILIZER)
+    return alpha * positive - beta * negative
+
+
+def gamma(a, kernel, bias, relevance, layer, *, gamma: float = 0.25):
+    """LRP-gamma (Montavon et al. 2019, generalized to signed inputs): favours positive evidence.
+
+    Outputs with ``z > 0`` redistribute with ``W + gamma W+`` on positive inputs (and
+    ``W + gamma W-`` on negative ones), outputs with ``z < 0`` the other way round;
+    biases become ``b + gamma b+`` and ``b + gamma b-``. Conv layers.
+    """
+    z = layer.affine(a, kernel, bias)
+    up = kernel + gamma * tf.maximum(kernel, 0.0)
+    down = kernel + gamma * tf.minimum(kernel, 0.0)
+    bias_up = bias + gamma * tf.maximum(bias, 0.0)
+    bias_down = bias + gamma * tf.minimum(bias, 0.0)
+    r_pos = tf.where(z > 0, relevance, tf.zeros_like(relevance))
+    r_neg = tf.where(z < 0, relevance, tf.zeros_like(relevance))
+    return _split_contributions(a, r_pos, layer, up, down, bias_up, STABILIZER) + _split_contributions(
+        a, r_neg, layer, down, up, bias_down, STABILIZER
+    )
+
+
+def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1.0):
+    """LRP-z^B (Montavon et al. 2017) for inputs boxed in ``[low, high]``; the first layer.
+
+    ``z = a W - l W+ - h W-``, ``R_in = (a W^T - l W+^T - h W-^T) R / stab(z)``.
+    """
+    # Bounds may be scalars or arrays that broadcast to the input (per-pixel or per-channel).
+    low = tf.convert_to_tensor(low, dtype=a.dtype) + tf.zeros_like(a)
+    high = tf.convert_to_tensor(high, dtype=a.dtype) + tf.zeros_like(a)
+    w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
+    z = layer.affine(a, kernel, None) - layer.affine(low, w_pos, None) - layer.affine(high, w_neg, None)
+    s = relevance / stabilize(z, STABILIZER)
+    return (
+        a * layer.transpose(s, kernel, a)
+        - low * layer.transpose(s, w_pos, a)
+        - high * layer.transpose(s, w_neg, a)
+    )
+
+
+def flat(a, kernel, bias, relevance, layer):
+    """LRP-flat (Lapuschkin et al. 2019): relevance spread evenly over each receptive field."""
+    ones, ones_kernel = tf.ones_like(a), tf.ones_like(kernel)
+    s = relevance / stabilize(layer.affine(ones, ones_kernel, None), STABILIZER)
+    return layer.transpose(s, ones_kernel, a)
+
+
+def wsquare(a, kernel, bias, relevance, layer):
+    """LRP-w^2 (Montavon et al. 2017): ``R_in = W²^T R / stab(1 W² + b²)``; unbounded inputs."""
+    ones, squared = tf.ones_like(a), tf.square(kernel)
+    s = relevance / stabilize(layer.affine(ones, squared, tf.square(bias)), STABILIZER)
+    return layer.transpose(s, squared, a)
+
+
+def zplus(a, kernel, bias, relevance, layer):
+    """LRP-z+ (Montavon et al. 2017): alpha-beta with alpha=1, beta=0; conv layers."""
+    return alpha_beta(a, kernel, bias, relevance, layer, alpha=1.0, beta=0.0)
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not epsilon >= 0:
+        raise ValueError(f"LRP-epsilon needs epsilon >= 0, got epsilon={epsilon!r}.")
+
+
+def _check_alpha_beta(alpha: float, beta: float) -> None:
+    if alpha < 0 or beta < 0 or abs(alpha - beta - 1.0) > 1e-12:
+        raise ValueError(
+            f"LRP-alpha-beta needs alpha >= 0, beta >= 0 and alpha - beta = 1 (so relevance is "
+            f"conserved); got alpha={alpha!r}, beta={beta!r}. Common choices: alpha=1, beta=0 (z+) "
+            "and alpha=2, beta=1."
+        )
+
+
+def _check_gamma(gamma: float) -> None:
+    if not gamma >= 0:
+        raise ValueError(f"LRP-gamma needs gamma >= 0, got gamma={gamma!r}; 0 gives LRP-0, 0.25 is usual.")
+
+
+def _check_box(low, high) -> None:
+    if not np.all(np.asarray(low) <= np.asarray(high)):
+        raise ValueError(f"LRP-z^B needs low <= high (the input's range), got low={low!r}, high={high!r}.")
+
+
+# name -> (function, its parameters, a validator for them)
+RULES: dict[str, tuple[Callable, tuple[str, ...], Callable | None]] = {
+    "zero": (zero, (), None),
+    "epsilon": (epsilon, ("epsilon",), _check_epsilon),
+    "zplus": (zplus, (), None),
+    "alpha_beta": (alpha_beta, ("alpha", "beta"), _check_alpha_beta),
+    "gamma": (gamma, ("gamma",), _check_gamma),
+    "zbox": (zbox, ("low", "high"), _check_box),
+    "flat": (flat, (), None),
+    "wsquare": (wsquare, (), None),
+}
+
+
+def make_rule(name: str, **params: float) -> Rule:
+    """Bind a rule to its parameters, checking them now rather than inside a traced step.
+
+    Parameters the rule does not take are ignored, so one set of defaults serves a whole
+    composite.
+
+    Example:
+    >>> rule = make_rule("alpha_beta", alpha=2.0, beta=1.0, epsilon=1e-6)
+    >>> rule.name
+    'alpha_beta'
+    """
+    if name not in RULES:
+        raise ValueError(f"Unknown LRP rule {name!r}; expected one of {sorted(RULES)}.")
+    fn, keys, check = RULES[name]
+    bound = {key: _number(params[key]) for key in keys if key in params}
+    if check is not None:
+        check(**{key: bound.get(key, _default(fn, key)) for key in keys})
+    rule = functools.partial(fn, **bound)
+    rule.name = name
+    return rule
+
+
+def _number(value) -> float | np.ndarray:
+    """A float, or a float64 array for array-valued parameters (zbox bounds per pixel)."""
+    array = np.asarray(value, dtype=np.float64)
+    return float(array) if array.ndim == 0 else array
+
+
+def _default(fn: Callable, key: str) -> float:
+    return fn.__kwdefaults__[key]
+
+
+def norm(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+    """Average pooling as a linear map without weights: ``R_in = a * P^T (R / stab(P a))``."""
+    s = relevance / stabilize(pool(a), STABILIZER)
+    return a * adjoint(pool, a, s)
+
+
+def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+    """Max pooling: each output's relevance goes to the input that won the max.
+
+    When the windows tile the input (``pool.window`` is set: stride equal to pool size),
+    the winners are picked with ``argmax`` and relevance is placed with a product, so the
+    second derivative is exact everywhere. XLA's float32 kernel for the second derivative of
+    max pooling (``MaxPoolGradGrad``) packs values into 16 bits and was measured 10 % off,
+    and it has no float64 kernel at all. Overlapping windows fall back to max pooling's own
+    gradient.
+    """
+    window = getattr(pool, "window", None)
+    if window is None:
+        return adjoint(pool, a, relevance)
+    return _route_to_winners(a, relevance, window)
+
+
+def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
+    """Winner-takes-all for non-overlapping windows, with ordinary ops (ties: first in window)."""
+    spatial = len(window)
+    sizes = a.shape[1 : 1 + spatial]
+    outputs = [size // w for size, w in zip(sizes, window)]
+    channels = a.shape[-1]
+    cropped = a[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(outputs, window))]
+    # [B, o1, w1, o2, w2, ..., C] -> [B, o1, o2, ..., C, w1 * w2 * ...]
+    split = [-1] + [d for o, w in zip(outputs, window) for d in (o, w)] + [channels]
+    order = [0] + [1 + 2 * i for i in range(spatial)] + [1 + 2 * spatial] + [2 + 2 * i for i in range(spatial)]
+    windows = tf.transpose(tf.reshape(cropped, split), order)
+    area = 1
+    for w in window:
+        area *= w
+    windows = tf.reshape(windows, tf.concat([tf.shape(windows)[: spatial + 2], [area]], axis=0))
+    winners = tf.one_hot(tf.argmax(windows, axis=-1), area, dtype=relevance.dtype)
+    routed = winners * relevance[..., None]
+    routed = tf.reshape(routed, tf.concat([tf.shape(routed)[: spatial + 2], window], axis=0))
+    inverse = [0] + [x for i in range(spatial) for x in (1 + i, spatial + 2 + i)] + [1 + spatial]
+    routed = tf.reshape(tf.transpose(routed, inverse), [-1] + [o * w for o, w in zip(outputs, window)] + [channels])
+    padding = [[0, 0]] + [[0, size - o * w] for size, o, w in zip(sizes, outputs, window)] + [[0, 0]]
+    return tf.pad(routed, padding)

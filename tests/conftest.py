@@ -1,0 +1,80 @@
+"""Shared fixtures: a seeded RNG and one registry of tiny Keras models every test reuses."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# AutoGraph failures must raise instead of silently running the Python function.
+os.environ.setdefault("AUTOGRAPH_STRICT_CONVERSION", "1")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _randomize(model: keras.Model, rng: np.random.Generator) -> keras.Model:
+    """Non-zero biases and non-trivial BatchNorm statistics, so no term is vacuous."""
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            gamma, beta, mean, var = layer.get_weights()
+            layer.set_weights(
+                [
+                    rng.uniform(0.5, 1.5, gamma.shape).astype(gamma.dtype),
+                    rng.normal(0, 0.2, beta.shape).astype(beta.dtype),
+                    rng.normal(0, 0.2, mean.shape).astype(mean.dtype),
+                    rng.uniform(0.5, 2.0, var.shape).astype(var.dtype),
+                ]
+            )
+        elif getattr(layer, "use_bias", False):
+            kernel, bias = layer.get_weights()
+            layer.set_weights([kernel, rng.normal(0, 0.1, bias.shape).astype(bias.dtype)])
+    return model
+
+
+def dense_model(dtype: str = "float32", seed: int = 0, final_activation: str | None = None) -> keras.Model:
+    """Dense-ReLU-Dense-ReLU-Dense on 6 features, 3 classes."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((6,), dtype=dtype),
+            keras.layers.Dense(8, activation="relu", dtype=dtype),
+            keras.layers.Dense(5, activation="relu", dtype=dtype),
+            keras.layers.Dense(3, activation=final_activation, dtype=dtype),
+        ]
+    )
+    return _randomize(model, np.random.default_rng(seed))
+
+
+def conv_model(dtype: str = "float32", seed: int = 0, pool: str = "max") -> keras.Model:
+    """Conv-BN-ReLU-Pool-Conv-ReLU-AvgPool-Flatten-Dense on 8x8x2 inputs, 3 classes (functional).
+
+    ``pool="average"`` swaps the max pooling out: XLA has no float64 kernel for the second
+    derivative of max pooling (MaxPoolGradGrad).
+    """
+    pooling = {"max": keras.layers.MaxPooling2D, "average": keras.layers.AveragePooling2D}[pool]
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 2), dtype=dtype)
+    h = keras.layers.Conv2D(4, 3, padding="same", dtype=dtype)(inputs)
+    h = keras.layers.BatchNormalization(dtype=dtype)(h)
+    h = keras.layers.ReLU(dtype=dtype)(h)
+    h = pooling(2, dtype=dtype)(h)
+    h = keras.layers.Conv2D(3, 3, strides=1, padding="same", activation="relu", dtype=dtype)(h)
+    h = keras.layers.AveragePooling2D(2, dtype=dtype)(h)
+    h = keras.layers.Flatten(dtype=dtype)(h)
+    outputs = keras.layers.Dense(3, dtype=dtype)(h)
+    return _randomize(keras.Model(inputs, outputs), np.random.default_rng(seed))
+
+
+MODELS = {"dense": dense_model, "conv": conv_model}
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def inputs_for(model: keras.Model, rng: np.random.Generator, batch: int = 3) -> np.ndarray:
+    """A batch in [0, 1] (the zbox default range), in the model's input dtype."""
+    shape = (batch,) + tuple(model.inputs[0].shape[1:])
+    return rng.uniform(0.0, 1.0, shape).astype(model.inputs[0].dtype)

@@ -1,0 +1,314 @@
+"""The LRP engine as a differentiable function: gradients, execution modes, canonizing, errors.
+
+Per-rule values against an independent NumPy implementation live in ``test_rules.py``;
+here the engine is checked against mathematics that does not depend on the rules'
+details: finite differences, conservation, the model's own forward pass, and the same
+numbers in eager, ``tf.function`` and XLA.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import MODELS, conv_model, dense_model, inputs_for
+from heatinv.lrp import COMPOSITES, LRP, UnsupportedLayerError, relevance
+from heatinv.lrp.canonize import canonize
+from heatinv.lrp.propagate import forward
+
+
+def _heatmap_loss(lrp: LRP, x, target_map, target):
+    return tf.reduce_sum(tf.square(lrp(x, target) - target_map))
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("composite", ["epsilon", "epsilon_gamma_box", "epsilon_alpha2_beta1", "epsilon_plus_flat"])
+def test_weight_and_input_gradients_match_finite_differences(kind, composite, rng):
+    model = MODELS[kind]("float64")
+    lrp = LRP(model, composite)
+    x = tf.constant(inputs_for(model, rng, batch=2))
+    target_map = tf.constant(rng.normal(0, 0.05, x.shape))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = _heatmap_loss(lrp, x, target_map, [0, 2])
+    grads = tape.gradient(loss, model.trainable_variables + [x])
+    h = 1e-6
+    checked = 0
+    for variable, grad in zip(model.trainable_variables, grads):
+        assert grad is not None, variable.path
+        flat = variable.numpy().reshape(-1)
+        for index in rng.choice(flat.size, size=min(3, flat.size), replace=False):
+            original = flat[index]
+            values = []
+            for delta in (h, -h):
+                flat[index] = original + delta
+                variable.assign(flat.reshape(variable.shape))
+                values.append(float(_heatmap_loss(lrp, x, target_map, [0, 2])))
+            flat[index] = original
+            variable.assign(flat.reshape(variable.shape))
+            numeric = (values[0] - values[1]) / (2 * h)
+            analytic = grad.numpy().reshape(-1)[index]
+            assert analytic == pytest.approx(numeric, rel=1e-4, abs=1e-8), (variable.path, index)
+            checked += 1
+    # input gradient, direction-wise
+    direction = rng.normal(size=x.shape)
+    plus = float(_heatmap_loss(lrp, x + h * direction, target_map, [0, 2]))
+    minus = float(_heatmap_loss(lrp, x - h * direction, target_map, [0, 2]))
+    assert float(tf.reduce_sum(grads[-1] * direction)) == pytest.approx((plus - minus) / (2 * h), rel=1e-4, abs=1e-8)
+    assert checked >= 3 * 4
+
+
+def test_second_order_gradient_matches_finite_differences(rng):
+    """d/dx of (dL/dW . v): the gradient of a weight gradient, as explanation manipulation needs."""
+    model = dense_model("float64")
+    lrp = LRP(model, "epsilon")
+    x = tf.constant(inputs_for(model, rng, batch=2))
+    target_map = tf.constant(rng.normal(0, 0.05, x.shape))
+    kernel = model.layers[0].kernel
+    v = tf.constant(rng.normal(size=kernel.shape))
+
+    def directional(x_):
+        with tf.GradientTape() as inner:
+            loss = _heatmap_loss(lrp, x_, target_map, 1)
+        return tf.reduce_sum(inner.gradient(loss, kernel) * v)
+
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        value = directional(x)
+    analytic = outer.gradient(value, x)
+    theoretical, numerical = tf.test.compute_gradient(directional, [x], delta=1e-6)
+    np.testing.assert_allclose(analytic.numpy().reshape(-1), theoretical[0].reshape(-1), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-4, atol=1e-7)
+    assert np.abs(analytic.numpy()).max() > 0
+
+
+def _step_outputs(model, lrp, target_map):
+    def step(x):
+        with tf.GradientTape() as tape:
+            R = lrp(x, 1)
+            loss = tf.reduce_sum(tf.square(R - target_map))
+        return [R, loss] + tape.gradient(loss, model.trainable_variables)
+
+    return step
+
+
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+@pytest.mark.parametrize("composite", sorted(COMPOSITES))
+def test_eager_function_and_xla_agree(kind, composite, rng):
+    """float64, so the comparison is not drowned by float32 rounding amplified by 1/z."""
+    model = dense_model("float64") if kind == "dense" else conv_model("float64", pool="average")
+    lrp = LRP(model, composite)
+    x = tf.constant(inputs_for(model, rng))
+    step = _step_outputs(model, lrp, tf.constant(rng.normal(0, 0.05, x.shape)))
+    eager = step(x)
+    graph = tf.function(step)(x)
+    xla = tf.function(step, jit_compile=True)(x)
+    # Gradients that are zero in exact arithmetic (biases under LRP-0) come out as rounding
+    # noise, so entries are compared on the scale of the largest gradient.
+    gradient_scale = max(float(np.abs(g.numpy()).max()) for g in eager[2:])
+    for i, (a, b, c) in enumerate(zip(eager, graph, xla)):
+        scale = gradient_scale if i >= 2 else float(np.abs(a.numpy()).max())
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-10 * scale, rtol=1e-9)
+        np.testing.assert_allclose(c.numpy(), a.numpy(), atol=1e-10 * scale, rtol=1e-9)
+    assert float(tf.reduce_max(tf.abs(eager[0]))) > 0
+
+
+@pytest.mark.parametrize("composite", ["epsilon_gamma_box", "epsilon_plus"])
+def test_xla_float32_with_max_pooling_agrees_on_heatmap_and_loss(composite, rng):
+    model = conv_model("float32", pool="max")
+    lrp = LRP(model, composite)
+    x = tf.constant(inputs_for(model, rng))
+    step = _step_outputs(model, lrp, tf.constant(rng.normal(0, 0.05, x.shape).astype("float32")))
+    eager, xla = step(x), tf.function(step, jit_compile=True)(x)
+    scale = float(np.abs(eager[0].numpy()).max())
+    np.testing.assert_allclose(xla[0].numpy(), eager[0].numpy(), atol=1e-5 * scale)
+    np.testing.assert_allclose(xla[1].numpy(), eager[1].numpy(), rtol=1e-5)
+    for a, b in zip(eager[2:], xla[2:]):
+        # float32 gradients agree to the size of the largest gradient entry, not entrywise
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-2 * max(float(np.abs(a.numpy()).max()), 1e-12))
+
+
+def test_max_pooling_routes_relevance_exactly_under_xla(rng):
+    from heatinv.lrp.rules import winner_takes_all
+
+    a = tf.constant(rng.normal(size=(2, 8, 8, 3)).astype("float32"))
+    R = tf.constant(rng.normal(size=(2, 4, 4, 3)).astype("float32"))
+    c = tf.constant(rng.normal(size=(2, 8, 8, 3)).astype("float32"))
+
+    def f(a, R):
+        with tf.GradientTape() as tape:
+            tape.watch([a, R])
+            out = tf.reduce_sum(winner_takes_all(a, R, lambda v: tf.nn.max_pool2d(v, 2, 2, "VALID")) * c)
+        return [out] + tape.gradient(out, [R])
+
+    eager, xla = f(a, R), tf.function(f, jit_compile=True)(a, R)
+    for u, v in zip(eager, xla):
+        np.testing.assert_array_equal(u.numpy(), v.numpy())
+    # conservation of the routing: every pooled output's relevance lands on exactly one input
+    routed = winner_takes_all(a, R, lambda v: tf.nn.max_pool2d(v, 2, 2, "VALID"))
+    np.testing.assert_allclose(tf.reduce_sum(routed), tf.reduce_sum(R), rtol=1e-5)
+    assert int(tf.math.count_nonzero(routed)) == R.shape.num_elements()
+
+
+def test_no_retrace_for_a_new_batch_size(rng):
+    model = conv_model()
+    lrp = LRP(model, "epsilon_gamma_box")
+    traces = []
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 8, 8, 2), tf.float32), tf.TensorSpec((None,), tf.int32)])
+    def explain(x, target):
+        traces.append(1)
+        return lrp(x, target)
+
+    for batch in (1, 4, 7):
+        R = explain(inputs_for(model, rng, batch), np.zeros(batch, "int32"))
+        assert R.shape == (batch, 8, 8, 2)
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relevance_keeps_shape_and_dtype(dtype, rng):
+    model = conv_model()
+    x = inputs_for(model, rng).astype(dtype)
+    R = relevance(model, x, 0)
+    assert R.shape == x.shape and R.dtype == tf.as_dtype(dtype)
+
+
+def test_conservation_epsilon_without_biases(rng):
+    model = dense_model("float64")
+    for layer in model.layers:
+        layer.bias.assign(tf.zeros_like(layer.bias))
+    x = inputs_for(model, rng)
+    lrp = LRP(model, "zero")
+    explanation = lrp.explain(x, [0, 1, 2])
+    np.testing.assert_allclose(tf.reduce_sum(explanation.relevance, axis=1), explanation.start, rtol=1e-9)
+    np.testing.assert_allclose(explanation.start, model(x).numpy()[np.arange(3), [0, 1, 2]], rtol=1e-12)
+
+
+def test_batch_norm_folding_reproduces_the_model_and_trains_its_variables(rng):
+    model = conv_model("float64")
+    x = inputs_for(model, rng)
+    steps = canonize(model)
+    assert not any(isinstance(layer, keras.layers.BatchNormalization) for layer in (s.layer for s in steps))
+    np.testing.assert_allclose(forward(steps, tf.constant(x)).outputs, model(x, training=False), rtol=1e-10, atol=1e-12)
+    bn = next(layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(relevance(model, x, 1)))
+    grads = tape.gradient(loss, [bn.gamma, bn.beta])
+    assert all(g is not None and float(tf.reduce_max(tf.abs(g))) > 0 for g in grads)
+
+
+def test_batch_norm_on_dense_any_rank_is_folded(rng):
+    model = keras.Sequential(
+        [keras.Input((5,), dtype="float64"), keras.layers.Dense(4, dtype="float64"),
+         keras.layers.BatchNormalization(dtype="float64"), keras.layers.Activation("relu", dtype="float64"),
+         keras.layers.Dense(2, dtype="float64")]
+    )
+    bn = model.layers[1]
+    bn.set_weights([np.full(4, 2.0), np.full(4, 0.3), np.full(4, -0.1), np.full(4, 4.0)])
+    x = rng.uniform(size=(3, 5))
+    np.testing.assert_allclose(forward(canonize(model), tf.constant(x)).outputs, model(x), rtol=1e-9)
+
+
+def test_blank_input_with_zero_biases_gives_no_nan():
+    """LRP-0 meets 0/0 here; the signed stabilizer keeps values and gradients finite."""
+    model = dense_model("float32")
+    for layer in model.layers:
+        layer.bias.assign(tf.zeros_like(layer.bias))
+    x = tf.zeros((2, 6))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        R = relevance(model, x, 0, composite="zero")
+        loss = tf.reduce_sum(tf.square(R - 0.1))
+    grads = tape.gradient(loss, model.trainable_variables + [x])
+    assert np.isfinite(R.numpy()).all()
+    assert all(np.isfinite(g.numpy()).all() for g in grads)
+
+
+def test_logit_output_survives_a_dead_final_relu(rng):
+    model = dense_model("float32", final_activation="relu")
+    last = model.layers[-1]
+    last.bias.assign(tf.fill(last.bias.shape, -100.0))  # every output unit dead
+    x = inputs_for(model, rng)
+    assert float(tf.reduce_max(tf.abs(relevance(model, x, 0, output="activation")))) == 0.0
+    assert float(tf.reduce_max(tf.abs(relevance(model, x, 0, output="logit")))) > 0.0
+
+
+def test_softmax_head_activation_output_starts_from_probabilities(rng):
+    model = dense_model("float64", final_activation="softmax")
+    x = inputs_for(model, rng)
+    explanation = LRP(model, "epsilon", output="activation").explain(x, 2)
+    np.testing.assert_allclose(explanation.start, model(x).numpy()[:, 2], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "target", [1, np.array([1, 1, 1]), np.eye(3)[[1, 1, 1]].astype("float32"), tf.constant([1, 1, 1])]
+)
+def test_target_forms_agree(target, rng):
+    model = dense_model()
+    x = inputs_for(model, rng)
+    np.testing.assert_allclose(relevance(model, x, target), relevance(model, x, 1), rtol=1e-6)
+
+
+def test_unsupported_layer_names_layer_class_and_supported_list():
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="norm_me"), keras.layers.Dense(2)]
+    )
+    with pytest.raises(UnsupportedLayerError, match=r"'norm_me' of class LayerNormalization.*Supported layers: Dense"):
+        relevance(model, np.ones((1, 6), "float32"), 0)
+
+
+def test_branching_model_is_refused():
+    inputs = keras.Input((4,))
+    a = keras.layers.Dense(3, name="left")(inputs)
+    b = keras.layers.Dense(3, name="right")(inputs)
+    model = keras.Model(inputs, keras.layers.Add()([a, b]))
+    with pytest.raises(UnsupportedLayerError, match="single chain"):
+        relevance(model, np.ones((1, 4), "float32"), 0)
+
+
+def test_batch_norm_after_an_activation_is_refused():
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, activation="relu", name="d"), keras.layers.BatchNormalization(), keras.layers.Dense(2)]
+    )
+    with pytest.raises(UnsupportedLayerError, match="follows layer 'd'"):
+        relevance(model, np.ones((1, 4), "float32"), 0)
+
+
+def test_bad_inputs_get_clear_errors():
+    model = dense_model()
+    with pytest.raises(TypeError, match="floating input"):
+        relevance(model, np.ones((1, 6), "int32"), 0)
+    with pytest.raises(ValueError, match=r"does not fit model"):
+        relevance(model, np.ones((1, 5), "float32"), 0)
+    with pytest.raises(ValueError, match="out of range"):
+        relevance(model, np.ones((1, 6), "float32"), 3)
+    with pytest.raises(ValueError, match="Unknown LRP composite"):
+        relevance(model, np.ones((1, 6), "float32"), 0, composite="nope")
+    with pytest.raises(ValueError, match="alpha - beta = 1"):
+        relevance(model, np.ones((1, 6), "float32"), 0, composite={"dense": {"name": "alpha_beta", "alpha": 2, "beta": 2}, "conv": "zero"})
+
+
+def test_nested_sequential_is_expanded(rng):
+    inner = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu")])
+    outer = keras.Sequential([keras.Input((6,)), inner, keras.layers.Dense(2)])
+    x = inputs_for(outer, rng)
+    np.testing.assert_allclose(forward(canonize(outer), tf.constant(x)).outputs, outer(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "shape, window",
+    [((2, 8, 8, 3), (2, 2)), ((2, 9, 7, 2), (3, 2)), ((3, 10, 4), (2,)), ((1, 6, 6, 1), (3, 3))],
+)
+def test_tiled_max_pooling_routes_like_its_gradient(shape, window, rng):
+    """The argmax routing equals max pooling's own gradient (ties excluded by random inputs)."""
+    from heatinv.lrp.rules import adjoint, _route_to_winners
+
+    a = tf.constant(rng.normal(size=shape))
+    pool = (lambda v: tf.nn.max_pool1d(v, window, window, "VALID")) if len(window) == 1 else (
+        lambda v: tf.nn.max_pool2d(v, window, window, "VALID")
+    )
+    R = tf.constant(rng.normal(size=pool(a).shape))
+    np.testing.assert_array_equal(_route_to_winners(a, R, window).numpy(), adjoint(pool, a, R).numpy())

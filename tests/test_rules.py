@@ -1,0 +1,637 @@
+"""Compare the TensorFlow LRP engine (``heatinv.lrp.relevance``) with the NumPy reference.
+
+What is checked, and why:
+
+* The reference itself: its convolution, its adjoint, its pooling and its model
+  forward pass agree with Keras/TF; every rule reproduces hand-computed numbers
+  on a one-layer example; rules that must coincide do (alpha=1/beta=0 vs zplus,
+  gamma=0 vs epsilon) and rules that must not, differ; conservation holds where
+  theory says it does.  Without this the engine comparisons would prove nothing.
+* The engine: for every rule (placed on every layer via a composite dict), every
+  named composite, both output modes, all three target encodings, a model with
+  BatchNormalization, and for float32 and float64 inputs, the engine's relevance
+  equals the reference's (float64: max abs diff <= 1e-7 * max|R|; float32: 1e-4).
+* Conservation of the engine's relevance for LRP-0, tiny-epsilon, zplus and flat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import numpy_lrp as ref
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+TOL = {np.float64: 1e-7, np.float32: 1e-4}
+DTYPES = [np.float64, np.float32]
+DTYPE_IDS = ["f64", "f32"]
+
+
+def engine(model: keras.Model, x: np.ndarray, target: Any, **kw: Any) -> np.ndarray:
+    """Call the engine under test (imported lazily: it may not exist yet)."""
+    from heatinv.lrp import relevance
+
+    return np.asarray(relevance(model, x, target, **kw))
+
+
+def assert_matches(r_eng: np.ndarray, r_ref: np.ndarray, dtype: type, what: str) -> None:
+    assert r_eng.shape == r_ref.shape, f"{what}: shape {r_eng.shape} != {r_ref.shape}"
+    assert r_eng.dtype == np.dtype(dtype), f"{what}: dtype {r_eng.dtype} != {np.dtype(dtype)}"
+    scale = float(np.max(np.abs(r_ref)))
+    assert scale > 0, f"{what}: reference relevance is identically zero (vacuous test)"
+    assert np.all(np.isfinite(r_eng)), f"{what}: engine returned non-finite values"
+    err = float(np.max(np.abs(r_eng.astype(np.float64) - r_ref)))
+    tol = TOL[dtype] * scale
+    assert err <= tol, f"{what}: max abs diff {err:.3e} > tol {tol:.3e} (max|R_ref| = {scale:.3e})"
+
+
+def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), np.max(np.abs(b))))
+
+
+def _glorot(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    fan_in = int(np.prod(shape[:-1]))
+    return rng.normal(0.0, np.sqrt(2.0 / fan_in), size=shape)  # He init: keeps ReLUs alive
+
+
+def randomize(model: keras.Model, rng: np.random.Generator,
+              bias: dict[str, tuple[float, float]] | None = None,
+              zero_bias: bool = False) -> None:
+    """Random weights, non-zero biases (range per layer name), random BN statistics."""
+    bias = bias or {}
+    for layer in model.layers:
+        ws = layer.get_weights()
+        if not ws:
+            continue
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = ws[0].shape[0]
+            gamma = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)
+            beta = rng.normal(0.0, 0.5, n)
+            mean = rng.normal(0.0, 0.5, n)
+            var = rng.uniform(0.3, 2.0, n)
+            layer.set_weights([w.astype(np.float32) for w in (gamma, beta, mean, var)])
+            continue
+        new = [_glorot(rng, ws[0].shape)]
+        if len(ws) > 1:
+            lo, hi = bias.get(layer.name, (-0.3, 0.3))
+            b = np.zeros(ws[1].shape) if zero_bias else rng.uniform(lo, hi, ws[1].shape)
+            new.append(b)
+        layer.set_weights([w.astype(np.float32) for w in new])
+
+
+L = keras.layers
+
+
+@dataclass
+class Case:
+    """A test model, its float64 input (exactly representable in float32) and bounds."""
+
+    model: keras.Model
+    x: np.ndarray
+    low: float
+    high: float
+
+    def xs(self, dtype: type) -> np.ndarray:
+        return self.x.astype(dtype)
+
+
+def _x(rng: np.random.Generator, shape: tuple[int, ...], lo: float, hi: float) -> np.ndarray:
+    return rng.uniform(lo, hi, shape).astype(np.float32).astype(np.float64)
+
+
+def build_dense(seed: int = 1, head: str | None = None, zero_bias: bool = False,
+                positive_x: bool = False) -> Case:
+    rng = np.random.default_rng(seed)
+    m = keras.Sequential([
+        keras.Input((4,)),
+        L.Dense(6, activation="relu"),
+        L.Dense(5, activation="relu"),
+        L.Dense(3, activation=head),
+    ])
+    randomize(m, rng, zero_bias=zero_bias)
+    x = _x(rng, (3, 4), 0.1 if positive_x else -1.0, 1.0)
+    return Case(m, x, -1.0, 1.0)
+
+
+def build_conv(seed: int = 3, zero_bias: bool = False) -> Case:
+    """Conv 3x3 same relu -> MaxPool 2 -> Conv valid relu -> AvgPool 2 -> Flatten -> Dense 3."""
+    rng = np.random.default_rng(seed)
+    m = keras.Sequential([
+        keras.Input((8, 8, 2)),
+        L.Conv2D(3, 3, padding="same", activation="relu", name="c1"),
+        L.MaxPooling2D(2),
+        L.Conv2D(4, 3, padding="valid", activation="relu", name="c2"),
+        L.AveragePooling2D(2),
+        L.Flatten(),
+        L.Dense(3, name="d"),
+    ])
+    # positive first-conv biases: no all-zero (tied) max-pooling windows
+    randomize(m, rng, bias={"c1": (0.8, 1.2), "c2": (-0.2, 0.4)}, zero_bias=zero_bias)
+    return Case(m, _x(rng, (2, 8, 8, 2), 0.0, 1.0), 0.0, 1.0)
+
+
+def build_conv_gavg(seed: int = 4) -> Case:
+    """Functional: strided non-square same conv, same-padded max pool, GAP, Softmax layer."""
+    rng = np.random.default_rng(seed)
+    inp = keras.Input((7, 9, 2))
+    h = L.Conv2D(3, (3, 2), strides=(1, 2), padding="same", activation="relu", name="c1")(inp)
+    h = L.MaxPooling2D(2, padding="same")(h)
+    h = L.Conv2D(4, 2, padding="valid", name="c2")(h)
+    h = L.ReLU()(h)
+    h = L.GlobalAveragePooling2D()(h)
+    h = L.Dense(3, name="d")(h)
+    out = L.Softmax()(h)
+    m = keras.Model(inp, out)
+    randomize(m, rng, bias={"c1": (0.8, 1.2)})
+    return Case(m, _x(rng, (2, 7, 9, 2), 0.0, 1.0), 0.0, 1.0)
+
+
+def build_conv_gmax(seed: int = 8) -> Case:
+    """Functional: stride-2 conv, LeakyReLU (negative activations), same avg pool,
+    dilated conv, global max pool, Dropout, Dense with softmax activation."""
+    rng = np.random.default_rng(seed)
+    inp = keras.Input((8, 8, 2))
+    h = L.Conv2D(4, 3, strides=2, padding="same", name="c1")(inp)
+    h = L.LeakyReLU(negative_slope=0.1)(h)
+    h = L.AveragePooling2D(2, strides=1, padding="same")(h)
+    h = L.Conv2D(3, 2, dilation_rate=2, padding="valid", activation="relu", name="c2")(h)
+    h = L.GlobalMaxPooling2D()(h)
+    h = L.Dropout(0.5)(h)
+    out = L.Dense(3, activation="softmax", name="d")(h)
+    m = keras.Model(inp, out)
+    randomize(m, rng, bias={"c2": (0.5, 1.0)})
+    return Case(m, _x(rng, (2, 8, 8, 2), -1.0, 1.0), -1.0, 1.0)
+
+
+def build_bn(seed: int = 0) -> Case:
+    """Conv (linear) -> BN -> ReLU -> Flatten -> Dense (linear) -> BN -> ReLU -> Dense."""
+    rng = np.random.default_rng(seed)
+    m = keras.Sequential([
+        keras.Input((5, 5, 2)),
+        L.Conv2D(3, 3, padding="same", name="c1"),
+        L.BatchNormalization(),
+        L.ReLU(),
+        L.Flatten(),
+        L.Dense(5, name="d1"),
+        L.BatchNormalization(),
+        L.Activation("relu"),
+        L.Dense(3, name="d2"),
+    ])
+    randomize(m, rng)
+    return Case(m, _x(rng, (2, 5, 5, 2), 0.0, 1.0), 0.0, 1.0)
+
+
+BUILDERS: dict[str, Callable[[], Case]] = {
+    "dense": build_dense,
+    "conv": build_conv,
+    "conv_gavg": build_conv_gavg,
+    "conv_gmax": build_conv_gmax,
+}
+MAIN = list(BUILDERS)
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, Case]:
+    out = {k: b() for k, b in BUILDERS.items()}
+    out["dense_softmax"] = build_dense(seed=2, head="softmax")
+    out["bn"] = build_bn()
+    return out
+
+
+def kw(case: Case, **extra: Any) -> dict[str, Any]:
+    return {"low": case.low, "high": case.high, **extra}
+
+
+# Rules put on every linear layer: (id, spec, extra keyword arguments to relevance()).
+RULES: list[tuple[str, Any, dict[str, Any]]] = [
+    ("zero", "zero", {}),
+    ("epsilon", "epsilon", {"epsilon": 0.25}),
+    ("epsilon_dict", {"name": "epsilon", "epsilon": 0.05}, {}),
+    ("zplus", "zplus", {}),
+    ("alpha2_beta1", {"name": "alpha_beta", "alpha": 2.0, "beta": 1.0}, {}),
+    ("gamma", "gamma", {"gamma": 0.25}),
+    ("gamma_dict", {"name": "gamma", "gamma": 1.0}, {}),
+    ("zbox", "zbox", {}),
+    ("zbox_dict", {"name": "zbox", "low": -2.0, "high": 2.0}, {}),
+    ("flat", "flat", {}),
+    ("wsquare", "wsquare", {}),
+]
+RULE_IDS = [r[0] for r in RULES]
+NAMED = ["zero", "epsilon", "zplus", "epsilon_plus", "epsilon_gamma_box",
+         "epsilon_plus_flat", "epsilon_alpha2_beta1"]
+
+
+def everywhere(spec: Any) -> dict[str, Any]:
+    return {"first": spec, "dense": spec, "conv": spec}
+
+
+TARGET = np.array([2, 0, 1])
+
+# ---------------------------------------------------------------------------
+# 1. The reference against Keras / TF (validates the reference)
+# ---------------------------------------------------------------------------
+
+CONV_CONFIGS = [
+    # (input HWC, kernel, strides, padding, dilation)
+    ((7, 9, 2), (3, 2), (1, 2), "same", (1, 1)),
+    ((8, 8, 3), (3, 3), (2, 2), "same", (1, 1)),
+    ((8, 8, 2), (3, 3), (1, 1), "valid", (2, 2)),
+    ((6, 7, 2), (2, 3), (2, 1), "valid", (1, 1)),
+    ((5, 5, 1), (4, 4), (1, 1), "same", (1, 1)),
+    ((9, 10, 2), (3, 3), (3, 3), "same", (1, 1)),
+    ((8, 8, 2), (2, 2), (1, 1), "same", (2, 3)),
+]
+
+
+def _keras_conv(cfg: tuple) -> tuple[keras.layers.Conv2D, np.ndarray, np.ndarray]:
+    shape, k, s, p, d = cfg
+    rng = np.random.default_rng(100 + CONV_CONFIGS.index(cfg))
+    layer = L.Conv2D(3, k, strides=s, padding=p, dilation_rate=d, dtype="float64")
+    layer.build((None, *shape))
+    w = rng.normal(size=(*k, shape[2], 3))
+    b = rng.normal(size=3)
+    layer.set_weights([w, b])
+    x = rng.normal(size=(2, *shape))
+    return layer, x, w
+
+
+@pytest.mark.parametrize("cfg", CONV_CONFIGS, ids=[str(i) for i in range(len(CONV_CONFIGS))])
+def test_reference_conv_matches_keras(cfg: tuple) -> None:
+    layer, x, w = _keras_conv(cfg)
+    _, _, s, p, d = cfg
+    want = np.asarray(layer(x)) - layer.get_weights()[1]
+    got = ref.conv2d(x, w, s, p, d)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfg", CONV_CONFIGS, ids=[str(i) for i in range(len(CONV_CONFIGS))])
+def test_reference_conv_adjoint_matches_tf_gradient(cfg: tuple) -> None:
+    layer, x, w = _keras_conv(cfg)
+    _, _, s, p, d = cfg
+    out_shape = ref.conv2d(x, w, s, p, d).shape
+    sv = np.random.default_rng(7).normal(size=out_shape)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = tf.reduce_sum(layer(xt) * sv)
+    want = tape.gradient(y, xt).numpy()
+    got = ref.conv2d_adjoint(sv, w, x.shape, s, p, d)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    # inner-product identity <conv(x), s> == <x, conv^T(s)>
+    assert np.isclose(np.sum(ref.conv2d(x, w, s, p, d) * sv), np.sum(x * got), rtol=1e-12)
+
+
+POOL_CONFIGS = [((8, 8, 2), (2, 2), (2, 2), "valid"), ((7, 9, 2), (2, 2), (2, 2), "same"),
+                ((6, 6, 3), (3, 2), (1, 2), "same"), ((7, 7, 1), (3, 3), (2, 2), "valid")]
+
+
+@pytest.mark.parametrize("cfg", POOL_CONFIGS, ids=[str(i) for i in range(len(POOL_CONFIGS))])
+def test_reference_pooling_matches_keras(cfg: tuple) -> None:
+    shape, k, s, p = cfg
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, *shape))  # continuous: no ties
+    for cls, f in ((L.AveragePooling2D, ref.avg_pool2d), (L.MaxPooling2D, ref.max_pool2d)):
+        layer = cls(k, strides=s, padding=p, dtype="float64")
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            y = layer(xt)
+            sv = rng.normal(size=tuple(y.shape))
+            tot = tf.reduce_sum(y * sv)
+        grad = tape.gradient(tot, xt).numpy()
+        np.testing.assert_allclose(f(x, k, s, p), y.numpy(), rtol=0, atol=1e-12)
+        if cls is L.AveragePooling2D:
+            adj = ref.avg_pool2d_adjoint(sv, x.shape, k, s, p)
+        else:
+            assert ref.max_pool2d_ties(x, k, s, p) == 0
+            adj = ref.max_pool2d_wta(x, sv, k, s, p)
+        np.testing.assert_allclose(adj, grad, rtol=0, atol=1e-12)
+
+
+def test_reference_maxpool_ties_go_to_all() -> None:
+    a = np.zeros((1, 2, 2, 1))
+    a[0, 0, 0, 0] = a[0, 1, 1, 0] = 1.0
+    r = ref.max_pool2d_wta(a, np.full((1, 1, 1, 1), 5.0), (2, 2), (2, 2), "valid")
+    assert r[0, :, :, 0].tolist() == [[5.0, 0.0], [0.0, 5.0]]
+    assert ref.max_pool2d_ties(a, (2, 2), (2, 2), "valid") == 1
+
+
+@pytest.mark.parametrize("name", MAIN + ["dense_softmax", "bn"])
+def test_reference_forward_matches_model(cases: dict[str, Case], name: str) -> None:
+    c = cases[name]
+    want = np.asarray(c.model(c.xs(np.float32), training=False), dtype=np.float64)
+    got = ref.predict(c.model, c.x)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_bn_folding_is_not_trivial(cases: dict[str, Case]) -> None:
+    """The BN layers in the BN model change the function (folding is exercised)."""
+    c = cases["bn"]
+    ops = ref.extract(c.model)
+    raw = {l.name: l.get_weights() for l in c.model.layers if isinstance(l, (L.Dense, L.Conv2D))}
+    unfolded = [ref.Linear(o.kind, raw[o.name][0].astype(np.float64), raw[o.name][1].astype(np.float64),
+                           o.strides, o.padding, o.dilation, o.name) if isinstance(o, ref.Linear) else o
+                for o in ops]
+    assert rel_diff(ref.predict(ops, c.x), ref.predict(unfolded, c.x)) > 0.05
+    assert rel_diff(ref.relevance(ops, c.x, 0, "epsilon"), ref.relevance(unfolded, c.x, 0, "epsilon")) > 0.05
+
+
+def test_models_are_not_degenerate(cases: dict[str, Case]) -> None:
+    """Every ReLU layer has a healthy fraction of active units (seeds were chosen for this);
+    a dead network would make most rule comparisons trivially equal."""
+    for name, c in cases.items():
+        ops = ref.extract(c.model)
+        acts = ref.forward(ops, c.x)
+        for i, op in enumerate(ops):
+            if isinstance(op, ref.Act) and op.name == "relu":
+                frac = float(np.mean(acts[i + 1] > 0))
+                assert 0.25 <= frac, f"{name}: op {i} has only {frac:.0%} active units"
+
+
+def test_data_has_no_maxpool_ties(cases: dict[str, Case]) -> None:
+    for name in ("conv", "conv_gavg", "conv_gmax"):
+        assert ref.count_maxpool_ties(cases[name].model, cases[name].x) == 0, name
+
+
+# ---------------------------------------------------------------------------
+# 2. The reference rules against hand-computed numbers (one Dense layer)
+# ---------------------------------------------------------------------------
+# a = [1, 2], W = [[2], [-1]], b = [0.5]  ->  z = 0.5, R_out = z = 0.5
+
+HAND: list[tuple[str, Any, dict[str, Any], list[float]]] = [
+    ("zero", "zero", {}, [2.0, -2.0]),
+    ("epsilon", "epsilon", {"epsilon": 0.5}, [1.0, -1.0]),
+    ("zplus", "zplus", {}, [0.4, 0.0]),
+    ("alpha2_beta1", {"name": "alpha_beta", "alpha": 2.0, "beta": 1.0}, {}, [0.8, -0.5]),
+    ("gamma1", {"name": "gamma", "gamma": 1.0}, {}, [2 / 3, -1 / 3]),
+    ("zbox", {"name": "zbox", "low": 0.0, "high": 3.0}, {}, [1 / 3, 1 / 6]),
+    ("flat", "flat", {}, [0.25, 0.25]),
+    ("wsquare", "wsquare", {}, [4 * 0.5 / 5.25, 1 * 0.5 / 5.25]),
+]
+
+
+@pytest.fixture(scope="module")
+def one_layer() -> tuple[keras.Model, np.ndarray]:
+    m = keras.Sequential([keras.Input((2,)), L.Dense(1)])
+    m.layers[-1].set_weights([np.array([[2.0], [-1.0]], np.float32), np.array([0.5], np.float32)])
+    return m, np.array([[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("rid,spec,extra,want", HAND, ids=[h[0] for h in HAND])
+def test_reference_hand_computed(one_layer: tuple, rid: str, spec: Any, extra: dict, want: list) -> None:
+    m, x = one_layer
+    got = ref.relevance(m, x, 0, everywhere(spec), **extra)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rid,spec,extra,want", HAND, ids=[h[0] for h in HAND])
+def test_engine_hand_computed(one_layer: tuple, rid: str, spec: Any, extra: dict, want: list,
+                              dtype: type) -> None:
+    m, x = one_layer
+    got = engine(m, x.astype(dtype), 0, composite=everywhere(spec), **extra)
+    assert_matches(got, ref.relevance(m, x, 0, everywhere(spec), **extra), dtype, f"hand {rid}")
+
+
+# ---------------------------------------------------------------------------
+# 3. Reference self-consistency
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_reference_rules_are_distinct(cases: dict[str, Case], name: str) -> None:
+    """Every pair of rule cases gives visibly different relevance: no vacuous comparisons."""
+    c = cases[name]
+    rs = {rid: ref.relevance(c.model, c.x, TARGET[: len(c.x)], everywhere(spec), **kw(c, **extra))
+          for rid, spec, extra in RULES}
+    for rid, r in rs.items():
+        assert np.max(np.abs(r)) > 0, rid
+    ids = list(rs)
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            assert rel_diff(rs[a], rs[b]) > 1e-3, f"{name}: {a} vs {b}"
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_reference_special_cases_agree(cases: dict[str, Case], name: str) -> None:
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+
+    def r(spec: Any, **extra: Any) -> np.ndarray:
+        return ref.relevance(c.model, c.x, t, everywhere(spec), **kw(c, **extra))
+
+    # alpha=1, beta=0 is zplus
+    np.testing.assert_allclose(r({"name": "alpha_beta", "alpha": 1.0, "beta": 0.0}), r("zplus"),
+                               rtol=0, atol=1e-12)
+    # gamma=0 is epsilon with the same 1e-6 stabilizer (z is never exactly 0 here)
+    np.testing.assert_allclose(r({"name": "gamma", "gamma": 0.0}), r("epsilon", epsilon=1e-6),
+                               rtol=0, atol=1e-10 * np.max(np.abs(r("zero"))))
+    # "first": None / absent means "use the layer type's rule"
+    a = ref.relevance(c.model, c.x, t, {"first": None, "dense": "epsilon", "conv": "zplus"})
+    b = ref.relevance(c.model, c.x, t, {"dense": "epsilon", "conv": "zplus"})
+    np.testing.assert_array_equal(a, ref.relevance(c.model, c.x, t, "epsilon_plus"))
+    np.testing.assert_array_equal(b, a)
+
+
+def _target_logit(case: Case, t: np.ndarray) -> np.ndarray:
+    ops = ref.extract(case.model)
+    last = max(i for i, o in enumerate(ops) if isinstance(o, ref.Linear))
+    z = ref.forward(ops, case.x)[last + 1]
+    return z[np.arange(len(t)), t]
+
+
+# (id, spec, extra kwargs, rtol, model).  Flat is checked on the dense model only: on the
+# conv model the average-pooling "norm" rule drops relevance of all-zero windows.  The conv
+# model's rtol is 1e-4 because that norm rule's fixed 1e-6 stabilizer leaks ~1e-6/|pooled value|.
+# Targets are each sample's argmax class with a positive logit: then z_j > 0 implies zp_j > 0
+# for every neuron carrying relevance, so zplus conserves exactly (up to stabilizers).
+def _argmax_target(case: Case) -> np.ndarray:
+    return np.argmax(ref.predict(case.model, case.x).reshape(len(case.x), -1), axis=1)
+
+
+CONSERVING: list[tuple[str, Any, dict[str, Any], float, str]] = [
+    (f"{rid}-{m}", spec, extra, rtol if m == "dense" else max(rtol, 1e-4), m)
+    for rid, spec, extra, rtol in [
+        ("zero", "zero", {}, 1e-9),
+        ("epsilon_tiny", "epsilon", {"epsilon": 1e-10}, 1e-9),
+        ("zplus", "zplus", {}, 1e-5),
+        ("flat", "flat", {}, 1e-5),
+    ]
+    for m in ("dense", "conv")
+    if not (rid == "flat" and m == "conv")
+]
+
+
+@pytest.fixture(scope="module")
+def conserving_cases() -> dict[str, Case]:
+    return {"dense": build_dense(seed=2, zero_bias=True, positive_x=True),
+            "conv": build_conv(seed=0, zero_bias=True)}
+
+
+@pytest.mark.parametrize("rid,spec,extra,rtol,model_name", CONSERVING, ids=[c[0] for c in CONSERVING])
+def test_reference_conservation(conserving_cases: dict[str, Case], model_name: str, rid: str,
+                                spec: Any, extra: dict, rtol: float) -> None:
+    c = conserving_cases[model_name]
+    t = _argmax_target(c)
+    logit = _target_logit(c, t)
+    assert np.all(logit > 1e-2)
+    r = ref.relevance(c.model, c.x, t, everywhere(spec), **extra)
+    sums = r.reshape(len(r), -1).sum(axis=1)
+    np.testing.assert_allclose(sums, logit, rtol=rtol)
+
+
+def test_reference_conservation_fails_with_bias(cases: dict[str, Case]) -> None:
+    """Control: with non-zero biases LRP-0 does not conserve, so the test above can fail."""
+    c = cases["dense"]
+    t = TARGET[: len(c.x)]
+    sums = ref.relevance(c.model, c.x, t, "zero").sum(axis=1)
+    assert np.max(np.abs(sums - _target_logit(c, t))) > 1e-2
+
+
+# ---------------------------------------------------------------------------
+# 4. Engine == reference
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("name", MAIN)
+@pytest.mark.parametrize("rid,spec,extra", RULES, ids=RULE_IDS)
+def test_engine_rule_everywhere(cases: dict[str, Case], rid: str, spec: Any, extra: dict,
+                                name: str, dtype: type) -> None:
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+    args = kw(c, **extra)
+    want = ref.relevance(c.model, c.x, t, everywhere(spec), **args)
+    got = engine(c.model, c.xs(dtype), t, composite=everywhere(spec), **args)
+    assert_matches(got, want, dtype, f"rule {rid} on {name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("name", MAIN)
+@pytest.mark.parametrize("composite", NAMED)
+def test_engine_named_composite(cases: dict[str, Case], composite: str, name: str, dtype: type) -> None:
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+    want = ref.relevance(c.model, c.x, t, composite, **kw(c))
+    got = engine(c.model, c.xs(dtype), t, composite=composite, **kw(c))
+    assert_matches(got, want, dtype, f"composite {composite} on {name}")
+
+
+@pytest.mark.parametrize("name", ["dense", "conv"])
+def test_engine_mixed_composite_and_default(cases: dict[str, Case], name: str) -> None:
+    """Different rules per layer type, 'first' absent/None, and the default composite."""
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+    comps: list[Any] = [
+        {"dense": {"name": "epsilon", "epsilon": 0.1}, "conv": {"name": "gamma", "gamma": 0.5}},
+        {"first": None, "dense": "zplus", "conv": "epsilon"},
+        {"first": "wsquare", "dense": {"name": "alpha_beta", "alpha": 2.0, "beta": 1.0}, "conv": "zero"},
+    ]
+    for comp in comps:
+        assert_matches(engine(c.model, c.x, t, composite=comp, **kw(c)),
+                       ref.relevance(c.model, c.x, t, comp, **kw(c)), np.float64, f"{comp} on {name}")
+    # all defaults: composite epsilon_gamma_box, low 0, high 1, epsilon 1e-6, gamma 0.25, logit
+    assert_matches(engine(c.model, c.x, t), ref.relevance(c.model, c.x, t), np.float64,
+                   f"defaults on {name}")
+
+
+def test_engine_zbox_array_bounds(cases: dict[str, Case]) -> None:
+    """zbox bounds given per input feature (broadcast to the input shape)."""
+    c = cases["dense"]
+    t = TARGET[: len(c.x)]
+    low = np.array([-1.0, -2.0, -1.5, -1.2])
+    high = np.array([1.0, 2.0, 1.1, 3.0])
+    want = ref.relevance(c.model, c.x, t, "epsilon_gamma_box", low=low, high=high)
+    assert rel_diff(want, ref.relevance(c.model, c.x, t, "epsilon_gamma_box", low=-1.0, high=1.0)) > 1e-3
+    assert_matches(engine(c.model, c.x, t, composite="epsilon_gamma_box", low=low, high=high),
+                   want, np.float64, "zbox array bounds")
+
+
+def _target_forms(batch: int) -> dict[str, Any]:
+    t = TARGET[:batch]
+    return {"int": 1, "array": t, "onehot": np.eye(3)[t]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("form", ["int", "array", "onehot"])
+@pytest.mark.parametrize("output", ["logit", "activation"])
+@pytest.mark.parametrize("name", ["dense_softmax", "conv_gavg", "conv_gmax"])
+def test_engine_output_and_target(cases: dict[str, Case], name: str, output: str, form: str,
+                                  dtype: type) -> None:
+    c = cases[name]
+    target = _target_forms(len(c.x))[form]
+    want = ref.relevance(c.model, c.x, target, "epsilon_plus", output=output, **kw(c))
+    got = engine(c.model, c.xs(dtype), target, composite="epsilon_plus", output=output, **kw(c))
+    assert_matches(got, want, dtype, f"output={output} target={form} on {name}")
+
+
+@pytest.mark.parametrize("name", ["dense_softmax", "conv_gavg", "conv_gmax"])
+def test_reference_output_modes_and_targets_differ(cases: dict[str, Case], name: str) -> None:
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+    # logit-mode relevance starts from z_L, activation-mode from softmax(z_L)
+    lg = ref.relevance(c.model, c.x, t, "epsilon_plus", output="logit")
+    ac = ref.relevance(c.model, c.x, t, "epsilon_plus", output="activation")
+    assert rel_diff(lg, ac) > 1e-2
+    # a different target class gives a different map; int-array and one-hot targets agree
+    assert rel_diff(ref.relevance(c.model, c.x, (t + 1) % 3, "epsilon_plus"), lg) > 1e-2
+    forms = _target_forms(len(c.x))
+    np.testing.assert_array_equal(ref.relevance(c.model, c.x, forms["array"], "epsilon_plus"),
+                                  ref.relevance(c.model, c.x, forms["onehot"], "epsilon_plus"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("comp", ["epsilon_gamma_box", "epsilon", "zplus", "gamma_all", "zbox_all"])
+def test_engine_batchnorm_folded(cases: dict[str, Case], comp: str, dtype: type) -> None:
+    c = cases["bn"]
+    t = TARGET[: len(c.x)]
+    composite = {"gamma_all": everywhere("gamma"), "zbox_all": everywhere("zbox")}.get(comp, comp)
+    want = ref.relevance(c.model, c.x, t, composite, **kw(c))
+    got = engine(c.model, c.xs(dtype), t, composite=composite, **kw(c))
+    assert_matches(got, want, dtype, f"BN model, composite {comp}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rid,spec,extra,rtol,model_name", CONSERVING, ids=[c[0] for c in CONSERVING])
+def test_engine_conservation(conserving_cases: dict[str, Case], model_name: str, rid: str, spec: Any,
+                             extra: dict, rtol: float, dtype: type) -> None:
+    c = conserving_cases[model_name]
+    t = _argmax_target(c)
+    logit = _target_logit(c, t)
+    r = engine(c.model, c.xs(dtype), t, composite=everywhere(spec), **extra)
+    sums = r.astype(np.float64).reshape(len(r), -1).sum(axis=1)
+    np.testing.assert_allclose(sums, logit, rtol=max(rtol, 1e-4 if dtype is np.float32 else 0.0),
+                               err_msg=f"conservation {rid} on {model_name} ({np.dtype(dtype)})")
+
+
+STRICT_CASES: list[tuple[str, str, Any, dict[str, Any]]] = [
+    ("epsilon_0.05", "dense", everywhere("epsilon"), {"epsilon": 0.05}),
+    ("zbox_bounds", "dense", "epsilon_gamma_box", {"low": -0.3, "high": 1.1}),
+    ("bn_epsilon", "bn", "zero", {}),
+]
+
+
+@pytest.mark.parametrize("cid,name,composite,extra", STRICT_CASES, ids=[s[0] for s in STRICT_CASES])
+def test_engine_float64_is_float64_throughout(cases: dict[str, Case], cid: str, name: str,
+                                              composite: Any, extra: dict) -> None:
+    """With float64 input every quantity (rule hyperparameters such as epsilon/low/high, the
+    BatchNormalization epsilon) must be float64 too.  Values that are not exactly representable
+    in float32 (0.05, -0.3, 1.1, BN's 1e-3) expose a float32 round trip as a ~1e-9..1e-11
+    relative error; genuine float64 agreement here is ~1e-14, so the tolerance is 1e-12."""
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+    want = ref.relevance(c.model, c.x, t, composite, **kw(c, **extra))
+    got = engine(c.model, c.x, t, composite=composite, **kw(c, **extra))
+    scale = float(np.max(np.abs(want)))
+    err = float(np.max(np.abs(got - want)))
+    assert err <= 1e-12 * scale, f"{cid}: max abs diff {err:.3e} = {err / scale:.1e} * max|R|"
