@@ -1,0 +1,226 @@
+"""Reading user-supplied heatmaps and images from `.npy` and `.png` files.
+
+Files are parsed as data only: `.npy` is loaded with `allow_pickle=False`,
+so a file can never run code, and PNGs are decoded by `tf.io.decode_png`.
+
+- `.npy`: any numeric (or boolean) array, returned as float32 with its sign
+  and scale intact. Use this for signed relevance maps.
+- `.png`: 8- or 16-bit grayscale, gray+alpha, RGB or RGBA. Values are scaled
+  to `[0, 1]`; colour is converted to luminance (`0.299 R + 0.587 G +
+  0.114 B`, ITU-R BT.601) and alpha is dropped. The result is `[H, W, 1]`.
+  A PNG cannot carry negative relevance, and a rendered blue-white-red
+  heatmap does not convert back to relevance through luminance; save signed
+  targets as `.npy`.
+
+Example:
+
+>>> import numpy as np
+>>> np.save("/tmp/target.npy", np.zeros((28, 28), np.float32))  # doctest: +SKIP
+>>> read_map("/tmp/target.npy", expected_shape=(28, 28, 1)).shape  # doctest: +SKIP
+(28, 28, 1)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+
+SUPPORTED_EXTENSIONS = (".npy", ".png")
+
+# ITU-R BT.601 luma weights. tf.image.rgb_to_grayscale rounds red to 0.2989,
+# which maps white to 0.9999; these sum to 1 so white stays exactly 1.
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float64)
+_UINT16_MAX = 65535.0
+
+
+def read_map(
+    path: str,
+    expected_shape: tuple[int, ...] | None = None,
+    what: str | None = None,
+) -> np.ndarray:
+    """Reads a heatmap or image from `.npy` or `.png` as float32.
+
+    Args:
+        path: the file; `~` is expanded and relative paths resolve against
+            the current working directory.
+        expected_shape: if given, e.g. `(28, 28, 1)`, the result has exactly
+            this shape. Arrays that differ only by size-1 axes (`(28, 28)`,
+            `(1, 28, 28, 1)`) or are flat with the same number of values
+            (`(784,)`) are reshaped to it, in row-major order.
+        what: the config key that named the file, e.g. `"target.path"`,
+            quoted in error messages so the user knows what to change.
+
+    Returns:
+        float32 array: the `.npy` array's own shape, `[H, W, 1]` for a PNG,
+        or `expected_shape` when given.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        ValueError: unsupported extension, unreadable or pickled content,
+            non-numeric values, NaN/Inf values, or a shape that does not
+            fit `expected_shape`.
+
+    Example:
+
+    >>> read_map("target.png", expected_shape=(28, 28, 1), what="target.path")  # doctest: +SKIP
+    """
+    source = _describe(path, what)
+    resolved = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(resolved):
+        raise _missing_file_error(path, resolved, what)
+    extension = os.path.splitext(resolved)[1].lower()
+    if extension == ".npy":
+        array = _read_npy(resolved, source)
+    elif extension == ".png":
+        array = _read_png(resolved, source)
+    else:
+        raise ValueError(
+            f"heatinv/maps_io.py: {source} has extension {extension or '(none)'!r}, "
+            f"which is not supported; expected one of {list(SUPPORTED_EXTENSIONS)}. "
+            "Save the map with np.save('map.npy', array.astype('float32')) "
+            "(keeps sign and scale), or as a grayscale PNG."
+        )
+    _check_finite(array, source)
+    if expected_shape is not None:
+        array = fit_shape(array, expected_shape, source)
+    return array
+
+
+def fit_shape(array: np.ndarray, expected_shape: tuple[int, ...], source: str = "the array") -> np.ndarray:
+    """Reshapes `array` to `expected_shape` if it fits unambiguously.
+
+    Accepted: the same shape; the same shape up to size-1 axes; or a flat
+    array (after squeezing) with the same number of values, or vice versa.
+    Anything else, e.g. `(28, 28, 3)` for `(28, 28, 1)` or `(14, 56)` for
+    `(28, 28)`, is refused rather than silently scrambled.
+
+    Args:
+        array: the values.
+        expected_shape: tuple of positive ints.
+        source: how to name the array in an error message.
+
+    Returns:
+        `array` reshaped to `expected_shape`.
+
+    Example:
+
+    >>> fit_shape(np.zeros(784), (28, 28, 1)).shape
+    (28, 28, 1)
+    """
+    expected_shape = _check_expected_shape(expected_shape)
+    if array.shape == expected_shape:
+        return array
+    seen = _squeezed(array.shape)
+    wanted = _squeezed(expected_shape)
+    same_size = array.size == math.prod(expected_shape)
+    if seen == wanted or (same_size and (len(seen) <= 1 or len(wanted) <= 1)):
+        return array.reshape(expected_shape)
+    raise ValueError(
+        f"heatinv/maps_io.py: {source} has shape {array.shape}, expected "
+        f"{expected_shape}. Accepted are that shape, the same shape with extra "
+        f"or missing size-1 axes, or a flat array of {math.prod(expected_shape)} "
+        "values. Save the map at the model's input resolution with a single "
+        "channel (e.g. heatmap[0] of a [1, 28, 28, 1] batch)."
+    )
+
+
+def _describe(path: str, what: str | None) -> str:
+    return f"'{path}' ({what})" if what else f"'{path}'"
+
+
+def _missing_file_error(path: str, resolved: str, what: str | None) -> FileNotFoundError:
+    key = f" given as {what}" if what else ""
+    fix = f"set {what}=/absolute/path/to/map.npy" if what else "pass an absolute path"
+    return FileNotFoundError(
+        f"heatinv/maps_io.py: no file at '{path}'{key} (resolved to "
+        f"'{resolved}' from working directory '{os.getcwd()}'). Expected an "
+        f"existing {' or '.join(SUPPORTED_EXTENSIONS)} file. Check the "
+        f"spelling, or {fix}; relative paths depend on where the run starts."
+    )
+
+
+def _read_npy(path: str, source: str) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as err:
+        if "pickle" in str(err).lower() or "object" in str(err).lower():
+            raise ValueError(
+                f"heatinv/maps_io.py: {source} holds pickled Python objects "
+                f"(numpy says: {err}). Pickled content is refused for safety, "
+                "because unpickling can run arbitrary code. Save a plain "
+                "numeric array instead: np.save(path, "
+                "np.asarray(heatmap, dtype=np.float32))."
+            ) from err
+        raise _unreadable_error(source, "npy", err) from err
+    except (OSError, EOFError) as err:
+        raise _unreadable_error(source, "npy", err) from err
+    if not isinstance(array, np.ndarray):
+        # np.load hands back an NpzFile for a zip archive named .npy.
+        if hasattr(array, "close"):
+            array.close()
+        raise _unreadable_error(source, "npy", "an .npz archive, not a single array")
+    if array.dtype.kind not in "biuf":  # bool, signed/unsigned int, float
+        raise ValueError(
+            f"heatinv/maps_io.py: {source} has dtype {array.dtype}; expected "
+            "real numbers (float, int or bool). Save the map as a float "
+            "array: np.save(path, np.asarray(heatmap, dtype=np.float32))."
+        )
+    return array.astype(np.float32)
+
+
+def _read_png(path: str, source: str) -> np.ndarray:
+    with open(path, "rb") as handle:
+        contents = handle.read()
+    try:
+        # Decoding as uint16 scales 8-bit files by 257, so one division
+        # brings both bit depths to [0, 1].
+        pixels = tf.io.decode_png(contents, channels=0, dtype=tf.uint16).numpy()
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as err:
+        raise _unreadable_error(source, "png", err.message) from err
+    values = pixels.astype(np.float64) / _UINT16_MAX
+    channels = values.shape[-1]
+    if channels <= 2:  # gray, or gray + alpha
+        gray = values[..., :1]
+    else:  # RGB, or RGBA
+        gray = values[..., :3] @ _LUMA[:, None]
+    return gray.astype(np.float32)
+
+
+def _unreadable_error(source: str, kind: str, detail) -> ValueError:
+    fix = {
+        "npy": "re-save it with np.save(path, np.asarray(heatmap, dtype=np.float32))",
+        "png": "re-export it as an 8- or 16-bit PNG, or save the array as .npy",
+    }[kind]
+    return ValueError(
+        f"heatinv/maps_io.py: {source} could not be read as a .{kind} file "
+        f"({detail}). Expected a valid .{kind} file; {fix}."
+    )
+
+
+def _check_finite(array: np.ndarray, source: str) -> None:
+    bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise ValueError(
+            f"heatinv/maps_io.py: {source} contains {bad} NaN or infinite "
+            f"value(s) out of {array.size}; expected finite numbers. Replace "
+            "them before saving, e.g. np.nan_to_num(heatmap, nan=0.0, "
+            "posinf=0.0, neginf=0.0), or regenerate the map."
+        )
+
+
+def _check_expected_shape(expected_shape) -> tuple[int, ...]:
+    shape = tuple(expected_shape)
+    positive_ints = all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape)
+    if not shape or not positive_ints:
+        raise ValueError(
+            f"heatinv/maps_io.py: expected_shape={expected_shape!r}; expected "
+            "a non-empty tuple of positive integers, e.g. (28, 28, 1)."
+        )
+    return tuple(int(d) for d in shape)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
