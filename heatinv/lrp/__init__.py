@@ -78,7 +78,7 @@ class LRP:
             post-activation output.
 
     Example:
-    >>> lrp = LRP(model, composite="epsilon_plus")
+    >>> lrp = LRP(model, composite="epsilon_plus")  # doctest: +SKIP
     >>> R = lrp(x, target=3)   # doctest: +SKIP
     """
 

@@ -18,6 +18,7 @@ variable: there is nothing to undo, and an optimizer never updates a stale copy.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -70,6 +71,8 @@ class Linear:
     @property
     def activation(self) -> Callable[[tf.Tensor], tf.Tensor] | None:
         fn = self.layer.activation
+        if fn is keras.activations.leaky_relu:
+            return functools.partial(leaky_relu, slope=0.2)  # keras.activations.leaky_relu's default
         return None if fn is keras.activations.linear else fn
 
     def params(self, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
@@ -144,7 +147,34 @@ class Elementwise:
     layer: keras.layers.Layer
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        return self.layer.call(x)
+        slope = _leaky_slope(self.layer)
+        return self.layer.call(x) if slope is None else leaky_relu(x, slope)
+
+
+def leaky_relu(x: tf.Tensor, slope: float) -> tf.Tensor:
+    """``x`` where ``x > 0``, else ``slope * x``, with ``slope`` in ``x``'s dtype.
+
+    ``tf.nn.leaky_relu`` (which Keras's LeakyReLU calls) stores ``alpha`` as a 32-bit float
+    attribute, so in float64 it multiplies by ``float32(slope)`` (0.1 -> 0.10000000149):
+    a ~1e-9 relative error that the norm rule of a following average pooling amplifies.
+    """
+    return tf.where(x > 0, x, x * tf.convert_to_tensor(slope, dtype=x.dtype))
+
+
+def _leaky_slope(layer: keras.layers.Layer) -> float | None:
+    """The slope of a layer that Keras computes with ``tf.nn.leaky_relu``, else None."""
+    if isinstance(layer, keras.layers.LeakyReLU):
+        return float(layer.negative_slope)
+    if (
+        isinstance(layer, keras.layers.ReLU)
+        and layer.negative_slope != 0
+        and layer.max_value is None
+        and layer.threshold == 0
+    ):
+        return float(layer.negative_slope)
+    if isinstance(layer, keras.layers.Activation) and layer.activation is keras.activations.leaky_relu:
+        return 0.2
+    return None
 
 
 @dataclass
