@@ -1,0 +1,167 @@
+"""The typed shape of a training config: Hydra validates every YAML file and override against it.
+
+A typo in a key (``loss.detla``) or a wrong type (``trainer.steps=many``) fails when the
+config is composed, with Hydra naming the key; values whose range matters are checked in
+:func:`validate`, which names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from heatinv.lrp import COMPOSITES
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | mnist
+    path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"  # mlp | cnn | file
+    path: Optional[str] = None  # a .keras/.h5 file for model=file
+    hidden: list[int] = field(default_factory=lambda: [300, 100])
+    filters: list[int] = field(default_factory=lambda: [16, 32])
+    activation: str = "relu"  # relu | softplus
+    output_activation: str = "linear"  # linear | relu | softmax
+    l2: float = 1e-4
+    reference_epochs: int = 20
+
+
+@dataclass
+class TargetConfig:
+    kind: str = "digit"  # digit | file | pattern
+    digit: int = 7
+    index: int = 0  # which held-out image of that digit
+    path: Optional[str] = None  # kind=file: the heatmap (.npy or .png)
+    image: Optional[str] = None  # kind=file: the input it belongs to (.npy or .png)
+    pattern: str = "square"  # kind=pattern: square | cross | frame
+    scale: float = 1.0  # kind=pattern: total relevance of the pattern
+
+
+@dataclass
+class InitConfig:
+    kind: str = "random"  # random | reference
+
+
+@dataclass
+class LossConfig:
+    name: str = "mse"  # l1 | mse | huber
+    delta: float = 0.1  # huber: delta as a fraction of max |target|
+    normalize: str = "none"  # none | sum | max
+
+
+@dataclass
+class LrpConfig:
+    composite: str = "epsilon_gamma_box"
+    epsilon: float = 1e-6
+    gamma: float = 0.25
+    low: float = 0.0
+    high: float = 1.0
+    output: str = "logit"  # logit | activation
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adam"  # adam | sgd
+    lr: float = 1e-3
+    momentum: float = 0.0  # sgd
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 300
+    log_every: int = 25
+    seed: int = 0
+    jit_compile: bool = False
+    precision: str = "float32"  # float32 | float64
+
+
+@dataclass
+class PathsConfig:
+    root: str = MISSING
+    output_dir: str = MISSING
+    cache_dir: str = MISSING
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    lrp: LrpConfig = field(default_factory=LrpConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    experiment: Optional[Any] = None
+
+
+CHOICES = {
+    "data.name": ("digits", "mnist"),
+    "model.name": ("mlp", "cnn", "file"),
+    "model.activation": ("relu", "softplus"),
+    "model.output_activation": ("linear", "relu", "softmax"),
+    "target.kind": ("digit", "file", "pattern"),
+    "target.pattern": ("square", "cross", "frame"),
+    "init.kind": ("random", "reference"),
+    "loss.name": ("l1", "mse", "huber"),
+    "loss.normalize": ("none", "sum", "max"),
+    "lrp.composite": tuple(sorted(COMPOSITES)),
+    "lrp.output": ("logit", "activation"),
+    "optimizer.name": ("adam", "sgd"),
+    "trainer.precision": ("float32", "float64"),
+}
+
+POSITIVE = ("trainer.steps", "trainer.log_every", "optimizer.lr", "loss.delta", "model.reference_epochs")
+
+
+class ConfigError(ValueError):
+    """A config value outside what heatinv accepts."""
+
+
+def validate(cfg) -> None:
+    """Check ranges and choices that types alone cannot express; raise :class:`ConfigError`."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(
+                f"Config value {key}={value!r} is not one of {list(allowed)}. "
+                f"Fix it on the command line, e.g. `{key}={allowed[0]}`."
+            )
+    for key in POSITIVE:
+        value = _get(cfg, key)
+        if not value > 0:
+            raise ConfigError(f"Config value {key}={value!r} must be > 0.")
+    if not 0 <= cfg.target.digit <= 9:
+        raise ConfigError(f"Config value target.digit={cfg.target.digit!r} must be a digit 0-9.")
+    if cfg.target.index < 0:
+        raise ConfigError(f"Config value target.index={cfg.target.index!r} must be >= 0.")
+    if cfg.lrp.low > cfg.lrp.high:
+        raise ConfigError(f"Config values lrp.low={cfg.lrp.low} > lrp.high={cfg.lrp.high}; the input range needs low <= high.")
+    if cfg.model.name == "file" and not cfg.model.path:
+        raise ConfigError("model=file needs model.path=/path/to/model.keras (a Keras .keras or .h5 file).")
+    if cfg.target.kind == "file" and not cfg.target.path:
+        raise ConfigError(
+            "target=file needs target.path=/path/to/heatmap.npy (or .png), and target.image=/path/to/input.npy "
+            "for the input it belongs to."
+        )
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def register() -> None:
+    """Register the schema with Hydra's ConfigStore as ``train_schema``."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

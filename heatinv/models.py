@@ -1,0 +1,129 @@
+"""Models: build the MLP or CNN, load a user's file safely, and train (once) the reference.
+
+The reference model is the same architecture trained on the dataset; its heatmaps are the
+``digit*`` targets and ``init=reference`` starts from its weights. It is trained once per
+(dataset, architecture, seed) and cached as a ``.keras`` file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import keras
+import numpy as np
+
+from heatinv.data import Dataset
+
+INPUT_SHAPE = (28, 28, 1)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What :func:`build_model` needs; mirrors the ``model`` config group."""
+
+    name: str = "mlp"
+    hidden: tuple[int, ...] = (300, 100)
+    filters: tuple[int, ...] = (16, 32)
+    activation: str = "relu"
+    output_activation: str = "linear"
+    l2: float = 1e-4
+
+
+def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = None) -> keras.Model:
+    """A fresh, untrained model taking ``[batch, 28, 28, 1]`` images.
+
+    ``mlp``: Flatten -> Dense(hidden..., activation) -> Dense(classes, output_activation).
+    ``cnn``: Conv 3x3 -> MaxPool 2 -> Conv 3x3 -> MaxPool 2 -> Flatten -> Dense(classes).
+
+    Example:
+    >>> build_model(Architecture("mlp", hidden=(300, 100))).count_params()
+    266610
+    """
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    regularizer = keras.regularizers.L2(arch.l2) if arch.l2 else None
+    layers: list[keras.layers.Layer] = [keras.Input(INPUT_SHAPE)]
+    if arch.name == "mlp":
+        layers.append(keras.layers.Flatten())
+        for units in arch.hidden:
+            layers.append(keras.layers.Dense(units, activation=arch.activation, kernel_regularizer=regularizer))
+    elif arch.name == "cnn":
+        for filters in arch.filters:
+            layers.append(
+                keras.layers.Conv2D(filters, 3, padding="same", activation=arch.activation, kernel_regularizer=regularizer)
+            )
+            layers.append(keras.layers.MaxPooling2D(2))
+        layers.append(keras.layers.Flatten())
+    else:
+        raise ValueError(f"Unknown architecture {arch.name!r}; expected 'mlp' or 'cnn'.")
+    layers.append(keras.layers.Dense(num_classes, activation=arch.output_activation, kernel_regularizer=regularizer))
+    return keras.Sequential(layers, name=arch.name)
+
+
+def load_model_file(path: str) -> keras.Model:
+    """Load a user's ``.keras`` / ``.h5`` model with ``safe_mode=True``; no code is executed.
+
+    Raises:
+        FileNotFoundError: naming the path and the config key.
+        ValueError: for a file Keras refuses (a ``Lambda`` layer under safe mode, say).
+    """
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"Model file {path} (model.path) does not exist. Point model.path at a Keras .keras or .h5 file."
+        )
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as error:  # Keras raises several types; all mean "refused"
+        why = str(error).splitlines()[0][:300]
+        hint = (
+            " It contains a Lambda layer or other serialized Python code, which safe_mode refuses so that "
+            "opening a model never runs code; rebuild the model without it."
+            if "safe_mode" in str(error) or "Lambda" in str(error)
+            else ""
+        )
+        raise ValueError(f"Keras could not load model file {path} (model.path): {why}.{hint}") from error
+
+
+def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
+    """Top-1 accuracy of ``model`` on ``(x, y)``.
+
+    Calls the model directly rather than ``model.predict``, which compiles a new function
+    for every model and warns about retracing in a sweep.
+    """
+    correct = 0
+    for start in range(0, len(x), batch_size):
+        logits = model(x[start : start + batch_size], training=False)
+        correct += int(np.sum(np.argmax(logits, axis=-1) == y[start : start + batch_size]))
+    return correct / len(x)
+
+
+def reference_model(
+    arch: Architecture, dataset: Dataset, epochs: int, cache_dir: str, seed: int = 0
+) -> tuple[keras.Model, float]:
+    """The trained reference and its test accuracy, from the cache or trained now.
+
+    The cache key covers the dataset, the architecture, the epochs and the seed, so a
+    changed config never reuses a stale model.
+    """
+    key = {"data": dataset.name, "train": len(dataset.x_train), "arch": asdict(arch), "epochs": epochs, "seed": seed}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = os.path.join(cache_dir, f"reference-{arch.name}-{digest}.keras")
+    if os.path.isfile(path):
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    else:
+        model = build_model(arch, dataset.num_classes, seed=seed)
+        from_logits = arch.output_activation != "softmax"
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+        )
+        model.fit(dataset.x_train, dataset.y_train, epochs=epochs, batch_size=32, verbose=0, shuffle=True)
+        os.makedirs(cache_dir, exist_ok=True)
+        partial = path + ".partial.keras"
+        model.save(partial)
+        os.replace(partial, path)  # a crash never leaves a truncated cache entry
+    return model, accuracy(model, dataset.x_test, dataset.y_test)

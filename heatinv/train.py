@@ -1,0 +1,222 @@
+"""The main job: optimize a model's weights until its LRP heatmap matches a target.
+
+    python -m heatinv.train target=digit7 loss=l1
+    python -m heatinv.train -m loss=l1,mse,huber
+
+:func:`run` does the work and takes any config with the schema of
+:class:`heatinv.config.TrainConfig` (tests call it without Hydra); :func:`main` is the thin
+Hydra entry point. The task returns ``1 - cosine`` so a sweeper can minimize it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import hydra
+import keras
+import numpy as np
+import tensorflow as tf
+from omegaconf import DictConfig, OmegaConf
+
+from heatinv.config import ConfigError, register, validate
+from heatinv.data import load_dataset
+from heatinv.losses import heatmap_loss
+from heatinv.lrp import LRP, UnsupportedLayerError
+from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
+from heatinv.render import diverging_rgb, grayscale_rgb, panel, write_png
+from heatinv.similarity import similarity_numpy
+from heatinv.step import compile_step, make_optimizer
+from heatinv.summaries import Summaries
+from heatinv.targets import Target, build_target
+
+
+@dataclass
+class Models:
+    reference: keras.Model
+    reference_accuracy: float
+    student: keras.Model
+
+
+def explainer_for(model: keras.Model, cfg) -> LRP:
+    """The LRP explainer the config describes, bound to ``model``."""
+    c = cfg.lrp
+    return LRP(model, c.composite, low=c.low, high=c.high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
+
+
+def architecture(cfg) -> Architecture:
+    m = cfg.model
+    return Architecture(m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2)
+
+
+def build_models(cfg, dataset) -> Models:
+    """The reference (trained, cached; or the user's file) and the student to optimize."""
+    if cfg.model.name == "file":
+        reference = load_model_file(cfg.model.path)
+        reference_acc = accuracy(reference, dataset.x_test, dataset.y_test)
+        student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
+    else:
+        reference, reference_acc = reference_model(
+            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=0
+        )
+        student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed)
+    if cfg.init.kind == "reference":
+        student.set_weights(reference.get_weights())
+    return Models(reference, reference_acc, student)
+
+
+def make_target(cfg, dataset, reference: keras.Model) -> Target:
+    t = cfg.target
+    return build_target(
+        t.kind,
+        dataset,
+        explainer_for(reference, cfg) if t.kind == "digit" else None,
+        digit=t.digit,
+        index=t.index,
+        path=t.path,
+        image=t.image,
+        pattern=t.pattern,
+        scale=t.scale,
+    )
+
+
+def flat_config(cfg) -> dict:
+    """``{"loss.name": "mse", ...}`` without paths, for HParams and metrics.json."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("paths", None)
+    flat: dict = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        else:
+            flat[prefix[:-1]] = node
+
+    walk("", container)
+    return flat
+
+
+def run(cfg) -> dict:
+    """Run one inversion; write TensorBoard events, ``metrics.json``, ``student.keras``, ``heatmaps.png``.
+
+    Returns:
+        The metrics written to ``metrics.json``.
+    """
+    validate(cfg)
+    out = cfg.paths.output_dir
+    os.makedirs(out, exist_ok=True)
+    keras.backend.clear_session()  # Hydra's basic launcher runs a sweep's jobs in one process
+    keras.utils.set_random_seed(cfg.trainer.seed)
+
+    dataset = load_dataset(cfg.data.name, cfg.data.path)
+    models = build_models(cfg, dataset)
+    target = make_target(cfg, dataset, models.reference)
+    student = models.student
+    explainer = explainer_for(student, cfg)
+
+    dtype = tf.float64 if cfg.trainer.precision == "float64" else tf.float32
+    x = tf.constant(target.image, dtype)
+    label = tf.constant([target.label], tf.int32)
+    target_map = tf.constant(target.heatmap, dtype)
+    optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+    loss_fn = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
+    step = compile_step(student, explainer, loss_fn, optimizer, "xla" if cfg.trainer.jit_compile else "function")
+
+    initial = explainer(x, label).numpy()
+    steps, log_every = cfg.trainer.steps, cfg.trainer.log_every
+    variables = student.trainable_variables
+    progress = keras.utils.Progbar(steps, stateful_metrics=["loss", "cosine"], verbose=1 if sys.stdout.isatty() else 2)
+    with Summaries(os.path.join(out, "tensorboard")) as summaries:
+        summaries.text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=False) + "\n```")
+        summaries.text("target", target.source)
+        seconds = 0.0
+        for i in range(1, steps + 1):
+            started = time.perf_counter()
+            result = step(x, label, target_map)
+            loss = float(result["loss"])  # the step's only host read; needed for the progress bar
+            seconds += time.perf_counter() - started
+            if i == 1 or i % log_every == 0 or i == steps:
+                scores = similarity_numpy(result["heatmap"], target_map)
+                summaries.scalars(i, {"loss": loss, **{f"similarity/{k}": v for k, v in scores.items()}})
+                summaries.gradients(i, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
+                summaries.histograms(i, variables, result["gradients"])
+                summaries.heatmaps(i, target.image, target.heatmap, result["heatmap"].numpy())
+                progress.update(i, [("loss", loss), ("cosine", scores["cosine"])])
+
+        final_map = explainer(x, label).numpy()
+        final_loss = float(loss_fn(tf.constant(final_map), target_map))
+        scores = similarity_numpy(final_map, target.heatmap)
+        metrics = {
+            "loss": final_loss,
+            **scores,
+            "objective": 1.0 - scores["cosine"],
+            "steps": steps,
+            "seconds": seconds,
+            "steps_per_second": steps / seconds if seconds else float("nan"),
+            "reference_accuracy": models.reference_accuracy,
+            "student_accuracy": accuracy(student, dataset.x_test, dataset.y_test),
+            "target": target.source,
+        }
+        summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
+        summaries.heatmaps(steps, target.image, target.heatmap, final_map)
+        summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.basename(os.path.normpath(out)))
+
+    write_outputs(out, metrics, student, target, initial, final_map)
+    print(summary_line(metrics), flush=True)
+    return metrics
+
+
+def summary_line(metrics: dict) -> str:
+    return (
+        f"heatinv: cosine {metrics['cosine']:.4f}  ssim {metrics['ssim']:.3f}  pearson {metrics['pearson']:.4f}  "
+        f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} steps "
+        f"({metrics['steps_per_second']:.0f}/s); accuracy reference {metrics['reference_accuracy']:.3f}, "
+        f"student {metrics['student_accuracy']:.3f}"
+    )
+
+
+def write_outputs(out: str, metrics: dict, student: keras.Model, target: Target, initial, final) -> None:
+    """metrics.json, student.keras and heatmaps.png, each written whole or not at all."""
+    tmp = os.path.join(out, ".metrics.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(metrics, f, indent=2)
+    os.replace(tmp, os.path.join(out, "metrics.json"))
+
+    tmp_model = os.path.join(out, ".student.tmp.keras")
+    student.save(tmp_model)
+    os.replace(tmp_model, os.path.join(out, "student.keras"))
+
+    vmax = float(np.abs(target.heatmap).max())
+    tiles = [
+        grayscale_rgb(target.image[0]),
+        diverging_rgb(target.heatmap[0], vmax),
+        diverging_rgb(initial[0], vmax),
+        diverging_rgb(final[0], vmax),
+        diverging_rgb(final[0] - target.heatmap[0], vmax),
+    ]
+    write_png(os.path.join(out, "heatmaps.png"), panel(tiles))
+
+
+@hydra.main(version_base="1.3", config_path="pkg://heatinv.configs", config_name="train")
+def _hydra_main(cfg: DictConfig) -> float:
+    try:
+        return run(cfg)["objective"]
+    except (ConfigError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"heatinv: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def main() -> None:
+    """Console entry point (``python -m heatinv.train`` / ``heatinv-train``)."""
+    register()
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
