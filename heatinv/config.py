@@ -29,6 +29,7 @@ class ModelConfig:
     hidden: list[int] = field(default_factory=lambda: [300, 100])
     filters: list[int] = field(default_factory=lambda: [16, 32])
     activation: str = "relu"  # relu | softplus
+    beta: float = 10.0  # softplus sharpness: softplus(beta x) / beta
     output_activation: str = "linear"  # linear | relu | softmax
     l2: float = 1e-4
     reference_epochs: int = 20
@@ -120,7 +121,7 @@ CHOICES = {
     "trainer.precision": ("float32", "float64"),
 }
 
-POSITIVE = ("trainer.steps", "trainer.log_every", "optimizer.lr", "loss.delta", "model.reference_epochs")
+POSITIVE = ("trainer.steps", "trainer.log_every", "optimizer.lr", "loss.delta", "model.reference_epochs", "model.beta")
 
 
 class ConfigError(ValueError):

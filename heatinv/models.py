@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from heatinv.data import Dataset
+from heatinv.layers import SoftplusBeta
 
 INPUT_SHAPE = (28, 28, 1)
 
@@ -30,6 +31,7 @@ class Architecture:
     activation: str = "relu"
     output_activation: str = "linear"
     l2: float = 1e-4
+    beta: float = 10.0  # sharpness of activation="softplus"
 
 
 def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = None) -> keras.Model:
@@ -37,6 +39,8 @@ def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = No
 
     ``mlp``: Flatten -> Dense(hidden..., activation) -> Dense(classes, output_activation).
     ``cnn``: Conv 3x3 -> MaxPool 2 -> Conv 3x3 -> MaxPool 2 -> Flatten -> Dense(classes).
+    ``activation="softplus"`` puts a :class:`~heatinv.layers.SoftplusBeta` (sharpness
+    ``beta``) after each hidden layer instead of a ReLU.
 
     Example:
     >>> build_model(Architecture("mlp", hidden=(300, 100))).count_params()
@@ -45,15 +49,21 @@ def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = No
     if seed is not None:
         keras.utils.set_random_seed(seed)
     regularizer = keras.regularizers.L2(arch.l2) if arch.l2 else None
+    smooth = arch.activation == "softplus"
+    hidden_activation = None if smooth else arch.activation
+
+    def activated(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+        return [layer, SoftplusBeta(arch.beta)] if smooth else [layer]
+
     layers: list[keras.layers.Layer] = [keras.Input(INPUT_SHAPE)]
     if arch.name == "mlp":
         layers.append(keras.layers.Flatten())
         for units in arch.hidden:
-            layers.append(keras.layers.Dense(units, activation=arch.activation, kernel_regularizer=regularizer))
+            layers += activated(keras.layers.Dense(units, activation=hidden_activation, kernel_regularizer=regularizer))
     elif arch.name == "cnn":
         for filters in arch.filters:
-            layers.append(
-                keras.layers.Conv2D(filters, 3, padding="same", activation=arch.activation, kernel_regularizer=regularizer)
+            layers += activated(
+                keras.layers.Conv2D(filters, 3, padding="same", activation=hidden_activation, kernel_regularizer=regularizer)
             )
             layers.append(keras.layers.MaxPooling2D(2))
         layers.append(keras.layers.Flatten())

@@ -80,8 +80,16 @@ def build_target(
     if kind == "digit":
         if reference_explainer is None:
             raise ValueError("target=digit* needs the reference model's explainer.")
-        heatmap = reference_explainer(x, digit).numpy()
+        explanation = reference_explainer.explain(x, digit)
+        heatmap = explanation.relevance.numpy()
         source = f"reference heatmap of {source_image}"
+        if not np.any(heatmap) and float(explanation.start[0]) == 0.0:
+            raise ValueError(
+                f"The target heatmap ({source}) is all zeros because the reference's explained score for "
+                f"class {digit} is exactly 0 (lrp.output={reference_explainer.output}; a final ReLU outputs 0 "
+                "there: dead-output). Explain the pre-activation instead with lrp.output=logit, or train the "
+                "reference with model.output_activation=linear."
+            )
     elif kind == "file":
         heatmap = read_map(path, expected_shape=shape, what="target.path")[None]
         source = f"heatmap {path} for {source_image}"

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from heatinv.config import ConfigError, register, validate
 from heatinv.data import load_dataset
+from heatinv.doctor import Finding, HeatmapObjective, diagnose, format_report
 from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, UnsupportedLayerError
 from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
@@ -32,6 +33,14 @@ from heatinv.similarity import similarity_numpy
 from heatinv.step import compile_step, make_optimizer
 from heatinv.summaries import Summaries
 from heatinv.targets import Target, build_target
+
+
+class GradientsVanished(RuntimeError):
+    """Every gradient of a step was zero or non-finite; carries the doctor's findings."""
+
+    def __init__(self, step: int, findings: list[Finding]):
+        self.step, self.findings = step, findings
+        super().__init__(format_report(findings, f"every gradient of step {step} is zero or not finite"))
 
 
 @dataclass
@@ -49,7 +58,7 @@ def explainer_for(model: keras.Model, cfg) -> LRP:
 
 def architecture(cfg) -> Architecture:
     m = cfg.model
-    return Architecture(m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2)
+    return Architecture(m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2, m.beta)
 
 
 def build_models(cfg, dataset) -> Models:
@@ -127,18 +136,30 @@ def run(cfg) -> dict:
     step = compile_step(student, explainer, loss_fn, optimizer, "xla" if cfg.trainer.jit_compile else "function")
 
     initial = explainer(x, label).numpy()
+    objective = HeatmapObjective(target.heatmap, explainer, cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
+    findings = diagnose(student, target.image, target.label, objective, cfg.trainer.precision)
+    if findings:
+        print(format_report(findings, "before the first update"), flush=True)
     steps, log_every = cfg.trainer.steps, cfg.trainer.log_every
     variables = student.trainable_variables
     progress = keras.utils.Progbar(steps, stateful_metrics=["loss", "cosine"], verbose=1 if sys.stdout.isatty() else 2)
+    stopped = None
     with Summaries(os.path.join(out, "tensorboard")) as summaries:
         summaries.text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=False) + "\n```")
         summaries.text("target", target.source)
+        summaries.text("diagnosis", format_report(findings, "before the first update"))
         seconds = 0.0
         for i in range(1, steps + 1):
             started = time.perf_counter()
             result = step(x, label, target_map)
             loss = float(result["loss"])  # the step's only host read; needed for the progress bar
             seconds += time.perf_counter() - started
+            if _vanished(result):
+                findings = diagnose(student, target.image, target.label, objective, cfg.trainer.precision)
+                summaries.text("diagnosis", format_report(findings, f"step {i}"), step=i)
+                stopped = i
+                steps = i
+                break
             if i == 1 or i % log_every == 0 or i == steps:
                 scores = similarity_numpy(result["heatmap"], target_map)
                 summaries.scalars(i, {"loss": loss, **{f"similarity/{k}": v for k, v in scores.items()}})
@@ -160,14 +181,25 @@ def run(cfg) -> dict:
             "reference_accuracy": models.reference_accuracy,
             "student_accuracy": accuracy(student, dataset.x_test, dataset.y_test),
             "target": target.source,
+            "diagnosis": [finding.as_dict() for finding in findings],
+            "stopped_at_step": stopped,
         }
         summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
         summaries.heatmaps(steps, target.image, target.heatmap, final_map)
         summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.basename(os.path.normpath(out)))
 
     write_outputs(out, metrics, student, target, initial, final_map)
+    write_json(os.path.join(out, "doctor.json"), [finding.as_dict() for finding in findings])
+    if stopped is not None:
+        raise GradientsVanished(stopped, findings)
     print(summary_line(metrics), flush=True)
     return metrics
+
+
+def _vanished(result: dict) -> bool:
+    """Every gradient exactly zero, or any not finite (read from the step's small summaries)."""
+    zero_fractions = result["zero_fractions"].numpy()
+    return bool(np.all(zero_fractions == 1.0) or not np.all(np.isfinite(result["grad_norms"].numpy())))
 
 
 def summary_line(metrics: dict) -> str:
@@ -179,12 +211,17 @@ def summary_line(metrics: dict) -> str:
     )
 
 
+def write_json(path: str, data) -> None:
+    """Write JSON whole or not at all: to a temporary name in the same folder, then rename."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
 def write_outputs(out: str, metrics: dict, student: keras.Model, target: Target, initial, final) -> None:
     """metrics.json, student.keras and heatmaps.png, each written whole or not at all."""
-    tmp = os.path.join(out, ".metrics.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(metrics, f, indent=2)
-    os.replace(tmp, os.path.join(out, "metrics.json"))
+    write_json(os.path.join(out, "metrics.json"), metrics)
 
     tmp_model = os.path.join(out, ".student.tmp.keras")
     student.save(tmp_model)
@@ -205,6 +242,9 @@ def write_outputs(out: str, metrics: dict, student: keras.Model, target: Target,
 def _hydra_main(cfg: DictConfig) -> float:
     try:
         return run(cfg)["objective"]
+    except GradientsVanished as stop:
+        print(f"heatinv: stopped at step {stop.step}.\n{stop}", file=sys.stderr, flush=True)
+        sys.exit(3)
     except (ConfigError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -25,10 +25,12 @@ from typing import Callable, Union
 import keras
 import tensorflow as tf
 
+from heatinv.layers import SoftplusBeta
+
 SUPPORTED = (
     "Dense, Conv1D, Conv2D, MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, "
     "GlobalMaxPooling1D/2D, Flatten, Reshape, Dropout, InputLayer, Activation, ReLU, LeakyReLU, "
-    "Softmax, and BatchNormalization directly after a Dense/Conv layer without activation"
+    "Softmax, heatinv.layers.SoftplusBeta, and BatchNormalization directly after a Dense/Conv layer without activation"
 )
 
 _CONV = (keras.layers.Conv1D, keras.layers.Conv2D)
@@ -44,7 +46,7 @@ _MAX = (
     keras.layers.GlobalMaxPooling1D,
     keras.layers.GlobalMaxPooling2D,
 )
-_ELEMENTWISE = (keras.layers.Activation, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.Softmax)
+_ELEMENTWISE = (keras.layers.Activation, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.Softmax, SoftplusBeta)
 _VANISH = (keras.layers.Dropout, keras.layers.InputLayer)
 _RESHAPE = (keras.layers.Flatten, keras.layers.Reshape)
 

@@ -1,0 +1,78 @@
+"""The zero-gradient doctor: find, name and fix every reason a gradient comes back all zeros.
+
+>>> from heatinv.doctor import diagnose, HeatmapObjective
+>>> findings = diagnose(model, x, label, HeatmapObjective(target, LRP(model)))  # doctest: +SKIP
+>>> print(format_report(findings))  # doctest: +SKIP
+
+The objective is evaluated twice, in float32 and in float64, and each check in
+:mod:`heatinv.doctor.checks` reports a cause only when the numbers show it.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from heatinv.doctor import checks
+from heatinv.doctor.findings import CODES, Finding, format_report
+from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, SaliencyObjective
+from heatinv.lrp.canonize import canonize
+
+__all__ = [
+    "CODES",
+    "ExplanationObjective",
+    "Finding",
+    "HeatmapObjective",
+    "SaliencyObjective",
+    "diagnose",
+    "format_report",
+]
+
+
+def diagnose(model: keras.Model, x, label, objective, precision: str = "float32") -> list[Finding]:
+    """Differentiate ``objective`` at ``x`` and return every cause of vanishing gradients found.
+
+    Args:
+        model: a built Keras model (a single chain of layers heatinv's LRP engine supports).
+        x: ``[batch, *input_shape]`` input.
+        label: the explained class: an int, ``[batch]`` ints, or one-hot ``[batch, classes]``.
+        objective: :class:`HeatmapObjective` (gradients with respect to the weights),
+            :class:`SaliencyObjective` or :class:`ExplanationObjective` (with respect to the input).
+        precision: the working precision, ``float32`` or ``float64``; float32 is also
+            compared with float64 to find underflow.
+
+    Returns:
+        A list of :class:`Finding`; empty when gradients flow.
+    """
+    findings = checks.integer_input(x)
+    if findings:
+        return findings
+    if precision not in ("float32", "float64"):
+        raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}.")
+    steps = canonize(model)
+    probe = objective.probe(model, x, label, tf.as_dtype(precision))
+    findings = (
+        checks.unconnected(probe)
+        + checks.non_finite(probe)
+        + checks.zero_residual(objective, probe)
+        + checks.dead_output(objective, steps, probe, label)
+        + checks.dead_units(steps, probe)
+        + checks.lrp_zero_division(objective, steps, probe)
+        + checks.softmax_saturated(objective, steps, probe)
+        + checks.piecewise_linear(objective, steps, probe)
+    )
+    # A zero residual is exact only at the working precision: in float64 the target's own
+    # rounding reappears as a residual, which is not an underflow.
+    if precision == "float32" and not any(f.code == "zero-residual" for f in findings):
+        findings += checks.underflow(probe, objective.probe(model, x, label, tf.float64))
+    if not findings and checks.all_zero(probe):
+        findings.append(
+            Finding(
+                "all-zero",
+                None,
+                f"Every gradient is exactly 0 in {precision} (loss {probe.loss:.3g}) and none of the known causes "
+                "was found.",
+                "Please report this case with the model and input: the doctor should learn its cause.",
+            )
+        )
+    return findings

@@ -1,0 +1,303 @@
+"""One check per cause of vanishing gradients; each returns the findings it can prove.
+
+A check speaks only when its numbers show the cause: a healthy configuration gets no
+finding. The checks read two probes of the same objective, one in float32 and one in
+float64 (see :mod:`heatinv.doctor.objectives`).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from heatinv.doctor.findings import Finding
+from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, Probe, SaliencyObjective, ends_in_softmax
+from heatinv.layers import SoftplusBeta
+from heatinv.lrp.canonize import Elementwise, Linear
+
+DEAD_UNITS_FRACTION = 0.9
+"""A layer is reported when at least this share of its units is inactive for the whole batch."""
+
+KERAS_PROBABILITY_CLIP = 1e-7
+"""Keras's cross-entropy clips probabilities to [eps, 1 - eps] with this eps."""
+
+
+def _relu_like(fn) -> bool:
+    return fn is keras.activations.relu
+
+
+def _followed_by_relu(steps, i: int) -> bool:
+    """Whether step ``i`` (a Linear) ends in a ReLU: its own activation or the next layer's."""
+    if _relu_like(steps[i].layer.activation):
+        return True
+    if i + 1 < len(steps) and isinstance(steps[i + 1], Elementwise):
+        layer = steps[i + 1].layer
+        if isinstance(layer, keras.layers.ReLU):
+            return layer.negative_slope == 0
+        return isinstance(layer, keras.layers.Activation) and _relu_like(layer.activation)
+    return False
+
+
+def _pre_activations(steps, probe: Probe):
+    """(index, step, z) for every Linear step, z = a W + b with BatchNorm folded."""
+    for i, step in enumerate(steps):
+        if isinstance(step, Linear):
+            kernel, bias = probe.fwd.params[i]
+            yield i, step, step.affine(probe.fwd.inputs[i], kernel, bias)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def unconnected(probe: Probe) -> list[Finding]:
+    findings = []
+    for name, gradient in probe.gradients.items():
+        if gradient is None:
+            findings.append(
+                Finding(
+                    "unconnected",
+                    name,
+                    f"{name} has no path to the loss: the tape returns None for it (shown as zeros with "
+                    "unconnected_gradients=ZERO), whatever the data.",
+                    "Keep only variables the loss uses (set layer.trainable = False for the others), and "
+                    "compute the loss from this model's output inside the tape.",
+                )
+            )
+    return findings
+
+
+def integer_input(x) -> list[Finding]:
+    dtype = tf.as_dtype(np.asarray(x).dtype if not isinstance(x, tf.Tensor) else x.dtype)
+    if dtype.is_floating:
+        return []
+    return [
+        Finding(
+            "unconnected",
+            "input",
+            f"The input has dtype {dtype.name}: integer tensors carry no gradient, so the gradient with "
+            "respect to the input is None.",
+            "Cast before the tape and watch the float tensor: x = tf.cast(x, tf.float32) / 255; tape.watch(x).",
+        )
+    ]
+
+
+def non_finite(probe: Probe) -> list[Finding]:
+    bad = {
+        name: int(tf.reduce_sum(tf.cast(~tf.math.is_finite(g), tf.int32)))
+        for name, g in probe.gradients.items()
+        if g is not None
+    }
+    bad = {name: count for name, count in bad.items() if count}
+    if not bad and np.isfinite(probe.loss):
+        return []
+    where = ", ".join(f"{name} ({count})" for name, count in bad.items()) or "the loss"
+    return [
+        Finding(
+            "nan-division",
+            next(iter(bad), None),
+            f"Non-finite values in {probe.dtype.name}: NaN or Inf entries in {where}. A division by a "
+            "zero denominator (LRP-0's R / z with z = 0, or tf.where(z != 0, a / z, 0), whose gradient is "
+            "NaN) is the usual source.",
+            "Divide by a stabilized denominator, z + eps * sign(z) with sign(0) = +1, as heatinv's rules "
+            "do: lrp.composite=epsilon lrp.epsilon=1e-6.",
+        )
+    ]
+
+
+def lrp_zero_division(objective, steps, probe: Probe) -> list[Finding]:
+    if not isinstance(objective, HeatmapObjective):
+        return []
+    findings = []
+    first = min(i for i, s in enumerate(steps) if isinstance(s, Linear))
+    for i, step, z in _pre_activations(steps, probe):
+        rule = objective.explainer.composite.rule_for(step.kind, is_first=i == first)
+        zeros = int(tf.reduce_sum(tf.cast(tf.equal(z, 0), tf.int32)))
+        if rule.name == "zero" and zeros:
+            findings.append(
+                Finding(
+                    "nan-division",
+                    step.name,
+                    f"z = a W + b is exactly 0 for {zeros} of {int(tf.size(z))} outputs of {step.name} (a blank "
+                    "input or zero-initialized biases); LRP-0's R / z is 0/0 there: NaN in hand-written code, "
+                    "and no relevance and no gradient through those units here.",
+                    "Use a stabilized rule: lrp.composite=epsilon with lrp.epsilon=1e-6 (or larger), or give "
+                    "the layer non-zero biases.",
+                )
+            )
+    return findings
+
+
+def zero_residual(objective, probe: Probe) -> list[Finding]:
+    if not isinstance(objective, HeatmapObjective) or probe.heatmap is None:
+        return []
+    target = np.asarray(objective.target, np.float64)
+    residual = float(np.max(np.abs(probe.heatmap.numpy().astype(np.float64) - target)))
+    scale = float(np.max(np.abs(target))) or 1.0
+    if residual > 1e-6 * scale:
+        return []
+    return [
+        Finding(
+            "zero-residual",
+            None,
+            f"The heatmap already equals the target: max |heatmap - target| = {_fmt(residual)} "
+            f"({_fmt(residual / scale)} of the target's peak). L1, MSE and Huber all have an exactly zero "
+            "gradient at a zero residual (L1's sign(0) = 0), and near it L1 gives full-size sign noise "
+            "while MSE's gradient shrinks with the residual.",
+            "There is nothing to learn from this target: start from other weights (init=random) or pick a "
+            "target the model does not already produce (another target=digitN, or target=pattern); near "
+            "convergence prefer loss=mse or loss=huber over loss=l1.",
+        )
+    ]
+
+
+def dead_output(objective, steps, probe: Probe, label) -> list[Finding]:
+    top = max(i for i, s in enumerate(steps) if isinstance(s, Linear))
+    if not _followed_by_relu(steps, top):
+        return []
+    logits = probe.fwd.logits.numpy()
+    labels = np.broadcast_to(np.asarray(label), (logits.shape[0],)) if np.ndim(label) < 2 else np.argmax(label, -1)
+    if isinstance(objective, HeatmapObjective):
+        if objective.explainer.output != "activation":
+            return []
+        scores = logits[np.arange(len(logits)), labels]
+        dead = scores <= 0
+        if not dead.any():
+            return []
+        return [
+            Finding(
+                "dead-output",
+                steps[top].name,
+                f"For {int(dead.sum())} of {len(dead)} inputs the target class's pre-activation is <= 0 "
+                f"(largest {_fmt(float(scores[dead].max()))}), so its final ReLU outputs 0: the relevance "
+                "that enters the network is 0, the heatmap is all zeros and every gradient is exactly 0.",
+                "Explain the pre-activation score: lrp.output=logit (heatinv's default), or build the model "
+                "with a linear output: model.output_activation=linear.",
+            )
+        ]
+    dead = np.all(logits <= 0, axis=-1)
+    if not dead.any():
+        return []
+    return [
+        Finding(
+            "dead-output",
+            steps[top].name,
+            f"For {int(dead.sum())} of {len(dead)} inputs all {logits.shape[-1]} outputs are 0 behind the final "
+            "ReLU: nothing the loss sees depends on the input there, so its gradient is exactly 0.",
+            "Give the model a linear output (model.output_activation=linear) and apply softmax in the loss "
+            "(from_logits=True).",
+        )
+    ]
+
+
+def dead_units(steps, probe: Probe) -> list[Finding]:
+    top = max(i for i, s in enumerate(steps) if isinstance(s, Linear))
+    findings = []
+    for i, step, z in _pre_activations(steps, probe):
+        if i == top or not _followed_by_relu(steps, i):
+            continue
+        units = tf.reshape(z, [-1, z.shape[-1]])  # every position of a conv map is a sample of its channel
+        inactive = tf.reduce_all(units <= 0, axis=0).numpy()
+        fraction = float(inactive.mean())
+        if fraction < DEAD_UNITS_FRACTION:
+            continue
+        what = "All" if fraction == 1.0 else f"{fraction:.0%} ({int(inactive.sum())})"
+        consequence = (
+            "nothing reaches the layers below, so their gradients are exactly 0"
+            if fraction == 1.0
+            else f"gradients reach the layers below only through the other {int((~inactive).sum())}"
+        )
+        findings.append(
+            Finding(
+                "dead-units",
+                step.name,
+                f"{what} of the {inactive.size} units of {step.name} are inactive (ReLU input <= 0) for every "
+                f"input in the batch; {consequence}.",
+                "Start elsewhere (another trainer.seed, or init=reference), lower optimizer.lr, or use a smooth "
+                "activation: model.activation=softplus model.beta=10.",
+            )
+        )
+    return findings
+
+
+def softmax_saturated(objective, steps, probe: Probe) -> list[Finding]:
+    if not isinstance(objective, SaliencyObjective) or objective.loss != "crossentropy" or not ends_in_softmax(steps):
+        return []
+    p = probe.fwd.outputs.numpy()
+    top = p.max(axis=-1)
+    saturated = (1.0 - top) <= KERAS_PROBABILITY_CLIP
+    if not saturated.any():
+        return []
+    others = np.sort(p, axis=-1)[:, -2]
+    gradient = max(float(tf.reduce_max(tf.abs(g))) for g in probe.gradients.values() if g is not None)
+    size = "exactly 0" if gradient == 0 else f"at most {_fmt(gradient)}"
+    return [
+        Finding(
+            "softmax-saturated",
+            steps[-1].name,
+            f"The softmax output is within {KERAS_PROBABILITY_CLIP:g} of 1 for {int(saturated.sum())} of "
+            f"{len(top)} inputs in {probe.dtype.name} (largest probability {top.max():.8f}, the next "
+            f"{_fmt(float(others[saturated].min()))}): the loss is {_fmt(probe.loss)} and its gradient is "
+            f"{size}. Through a softmax this confident the cross-entropy's gradient is the size of the other "
+            f"probabilities, and cross-entropy on probabilities clips them to [{KERAS_PROBABILITY_CLIP:g}, "
+            f"1 - {KERAS_PROBABILITY_CLIP:g}], which cuts it to exactly 0 (Keras 2 and graph-mode code).",
+            "Differentiate the logit (the class's pre-softmax score) instead of a loss of its probability; "
+            "where a loss is needed, compute it from logits with from_logits=True so no clip cuts it to 0. "
+            "In heatinv, lrp.output=logit explains the logit. float64 does not help: the clip is in the loss.",
+        )
+    ]
+
+
+def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
+    findings = []
+    for name, g32 in probe32.gradients.items():
+        g64 = probe64.gradients.get(name)
+        if g32 is None or g64 is None:
+            continue
+        g32, g64 = g32.numpy(), g64.numpy()
+        # Underflow proper: the float64 value is below float32's smallest normal number. A
+        # larger float64 value with a float32 zero is cancellation (a gradient that is zero in
+        # exact arithmetic, such as the last bias under LRP-0), not underflow.
+        lost = (g32 == 0) & (g64 != 0) & (np.abs(g64) < np.finfo(np.float32).tiny)
+        alive = g64 != 0
+        if not alive.any() or lost.sum() < 0.5 * alive.sum():
+            continue
+        findings.append(
+            Finding(
+                "underflow",
+                name,
+                f"{int(lost.sum())} of the {int(alive.sum())} non-zero float64 gradient entries of {name} are "
+                f"exactly 0 in float32 (float64 magnitudes up to {_fmt(float(np.abs(g64[lost]).max()))}): they "
+                "underflow float32.",
+                "Compute in float64: trainer.precision=float64 (or rescale the loss so its gradients are larger).",
+            )
+        )
+    return findings
+
+
+def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:
+    if not isinstance(objective, ExplanationObjective):
+        return []
+    gradient = probe.gradients.get("input")
+    if gradient is None or float(tf.reduce_max(tf.abs(gradient))) != 0.0:
+        return []
+    smooth = any(isinstance(s, Elementwise) and isinstance(s.layer, SoftplusBeta) for s in steps)
+    if smooth:
+        return []
+    return [
+        Finding(
+            "piecewise-linear",
+            None,
+            "The network is piecewise linear (ReLU), so its gradient explanation is piecewise constant in "
+            "the input: the derivative of the explanation loss with respect to the input is exactly 0 "
+            f"(max |gradient| = 0, loss {_fmt(probe.loss)}).",
+            "Optimize through a smoothed copy: model.activation=softplus model.beta=10 (SoftplusBeta, "
+            "Dombrowski et al. 2019), then check the result on the original ReLU model.",
+        )
+    ]
+
+
+def all_zero(probe: Probe) -> bool:
+    """Whether every gradient is None or exactly zero."""
+    return all(g is None or float(tf.reduce_max(tf.abs(g))) == 0.0 for g in probe.gradients.values())

@@ -1,0 +1,55 @@
+"""What the doctor reports: a finding per cause, with the numbers and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+CODES = {
+    "zero-residual": "the heatmap already equals the target, so the loss has a zero gradient",
+    "dead-output": "the target class's output is zero behind a final ReLU, so no relevance enters",
+    "dead-units": "a layer's units are inactive for the whole batch",
+    "softmax-saturated": "a probability rounds to 1 (or 0), so the loss's gradient through the softmax vanishes",
+    "underflow": "gradients are zero in float32 but not in float64",
+    "unconnected": "a variable or the input has no path to the loss",
+    "nan-division": "LRP-0 divides by z = 0 (0/0), or values are not finite",
+    "piecewise-linear": "the input-derivative of a ReLU network's gradient explanation is zero",
+    "all-zero": "every gradient is exactly zero and none of the causes above was found",
+}
+"""Every code the doctor can report, with one line on what it means."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason gradients vanish, proven by the numbers in ``message``.
+
+    Attributes:
+        code: a key of :data:`CODES`; stable, for scripts.
+        layer: the layer, variable or tensor it concerns (None for the whole model).
+        message: plain words with the measured numbers.
+        fix: the config override or code change that removes it.
+    """
+
+    code: str
+    layer: str | None
+    message: str
+    fix: str
+
+    def __post_init__(self) -> None:
+        if self.code not in CODES:
+            raise ValueError(f"Unknown finding code {self.code!r}; expected one of {sorted(CODES)}.")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def format_report(findings: list[Finding], context: str = "") -> str:
+    """A readable report: one numbered paragraph per finding, or a clean bill of health."""
+    head = f"heatinv doctor{': ' + context if context else ''}"
+    if not findings:
+        return f"{head}\nNo problems found: gradients flow to every variable."
+    lines = [head, f"{len(findings)} finding{'s' if len(findings) != 1 else ''}:"]
+    for i, finding in enumerate(findings, 1):
+        where = f" [{finding.layer}]" if finding.layer else ""
+        lines.append(f"{i}. {finding.code}{where}: {finding.message}")
+        lines.append(f"   fix: {finding.fix}")
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""The doctor: each cause of vanishing gradients is built, found, and cleared by its fix.
+
+A finding must be true: every test that triggers a code also shows the gradients really
+vanish, and every fix test shows the finding is gone and the gradients are back.
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from heatinv.config import register
+from heatinv.doctor import (
+    CODES,
+    ExplanationObjective,
+    Finding,
+    HeatmapObjective,
+    SaliencyObjective,
+    diagnose,
+    format_report,
+)
+from heatinv.doctor import checks
+from heatinv.doctor.objectives import Probe
+from heatinv.lrp import LRP
+from heatinv.models import Architecture, build_model
+
+
+def codes(findings: list[Finding]) -> list[str]:
+    return [f.code for f in findings]
+
+
+def max_abs(probe_gradients) -> float:
+    return max(float(tf.reduce_max(tf.abs(g))) for g in probe_gradients.values() if g is not None)
+
+
+@pytest.fixture
+def mlp() -> keras.Model:
+    return build_model(Architecture(hidden=(32, 16)), seed=0)
+
+
+@pytest.fixture
+def image(rng) -> np.ndarray:
+    return rng.uniform(0, 1, (1, 28, 28, 1)).astype("float32")
+
+
+def test_healthy_configuration_has_no_findings(mlp, image, rng):
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    assert diagnose(mlp, image, 7, HeatmapObjective(target, LRP(mlp))) == []
+
+
+def test_zero_residual_found_and_fixed(mlp, image, rng):
+    lrp = LRP(mlp)
+    own = lrp(image, 7).numpy()
+    objective = HeatmapObjective(own, lrp, loss="l1")
+    assert codes(diagnose(mlp, image, 7, objective)) == ["zero-residual"]
+    assert max_abs(objective.probe(mlp, image, 7, tf.float32).gradients) == 0.0
+    other = build_model(Architecture(hidden=(32, 16)), seed=1)  # fix: start from other weights
+    assert diagnose(other, image, 7, HeatmapObjective(own, LRP(other), loss="l1")) == []
+
+
+def test_dead_output_found_and_fixed_by_logit_output(image, rng):
+    model = build_model(Architecture(hidden=(32, 16), output_activation="relu"), seed=0)
+    model.layers[-1].bias.assign(tf.fill([10], -100.0))
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    dead = HeatmapObjective(target, LRP(model, output="activation"))
+    findings = diagnose(model, image, 3, dead)
+    assert codes(findings) == ["dead-output"] and findings[0].layer == model.layers[-1].name
+    assert "lrp.output=logit" in findings[0].fix
+    assert max_abs(dead.probe(model, image, 3, tf.float32).gradients) == 0.0
+    fixed = HeatmapObjective(target, LRP(model, output="logit"))
+    assert "dead-output" not in codes(diagnose(model, image, 3, fixed))
+    assert max_abs(fixed.probe(model, image, 3, tf.float32).gradients) > 0
+
+
+def test_dead_output_with_linear_output_is_not_reported(image, rng):
+    model = build_model(Architecture(hidden=(32, 16), output_activation="linear"), seed=0)
+    model.layers[-1].bias.assign(tf.fill([10], -100.0))
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    assert diagnose(model, image, 3, HeatmapObjective(target, LRP(model, output="activation"))) == []
+
+
+def test_dead_units_found_and_fixed(mlp, image, rng):
+    first = mlp.layers[1]
+    assert isinstance(first, keras.layers.Dense)
+    healthy_bias = first.bias.numpy()
+    first.bias.assign(tf.fill(first.bias.shape, -100.0))
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    objective = HeatmapObjective(target, LRP(mlp))
+    findings = diagnose(mlp, image, 7, objective)
+    assert "dead-units" in codes(findings)
+    finding = next(f for f in findings if f.code == "dead-units")
+    assert finding.layer == first.name and "All of the 32 units" in finding.message
+    first.bias.assign(healthy_bias)
+    assert "dead-units" not in codes(diagnose(mlp, image, 7, objective))
+
+
+def _saturated_softmax_model() -> keras.Model:
+    model = build_model(Architecture(hidden=(32, 16), output_activation="softmax"), seed=0)
+    model.layers[-1].kernel.assign(model.layers[-1].kernel * 1000.0)
+    return model
+
+
+def test_softmax_saturated_found_and_fixed_by_logits(image):
+    model = _saturated_softmax_model()
+    winner = int(np.argmax(model(image)))
+    objective = SaliencyObjective()
+    findings = diagnose(model, image, winner, objective)
+    assert "softmax-saturated" in codes(findings)
+    finding = next(f for f in findings if f.code == "softmax-saturated")
+    assert "from_logits=True" in finding.fix
+    # Keras 3 recovers the logits behind its own softmax, so the gradient is tiny, not 0.
+    vanishing = max_abs(objective.probe(model, image, winner, tf.float32).gradients)
+    assert vanishing < 1e-15 and f"{vanishing:.3g}" in finding.message
+    # the fix: differentiate the class's logit rather than a loss of its probability
+    fixed = SaliencyObjective(loss="logit")
+    assert diagnose(model, image, winner, fixed) == []
+    assert max_abs(fixed.probe(model, image, winner, tf.float32).gradients) > 1e-3
+
+
+def _underflowing_model() -> keras.Model:
+    """Three linear layers with weights ~1e-17: products of ~1e-51 underflow float32 only."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(8), keras.layers.Dense(8), keras.layers.Dense(10)]
+    )
+    for layer in model.layers[1:]:
+        layer.kernel.assign(layer.kernel * 1e-17)
+    return model
+
+
+def test_underflow_found_and_fixed_by_float64(image):
+    model = _underflowing_model()
+    objective = SaliencyObjective()
+    findings = diagnose(model, image, 3, objective)
+    assert codes(findings) == ["underflow"] and findings[0].layer == "input"
+    assert "trainer.precision=float64" in findings[0].fix
+    assert max_abs(objective.probe(model, image, 3, tf.float32).gradients) == 0.0
+    assert max_abs(objective.probe(model, image, 3, tf.float64).gradients) > 0.0
+    assert diagnose(model, image, 3, objective, precision="float64") == []
+
+
+def test_unconnected_integer_input_found_and_fixed(mlp, image):
+    findings = diagnose(mlp, (image * 255).astype("uint8"), 3, SaliencyObjective())
+    assert codes(findings) == ["unconnected"] and findings[0].layer == "input"
+    assert "uint8" in findings[0].message
+    assert "unconnected" not in codes(diagnose(mlp, image, 3, SaliencyObjective()))
+
+
+def test_unconnected_variable_reported_by_name(mlp, image):
+    probe = SaliencyObjective().probe(mlp, image, 3, tf.float32)
+    probe.gradients["extra/kernel"] = None  # a variable the loss never touched
+    findings = checks.unconnected(probe)
+    assert codes(findings) == ["unconnected"] and findings[0].layer == "extra/kernel"
+
+
+def test_lrp_zero_division_found_and_fixed_by_epsilon(rng):
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)
+    for layer in model.layers:
+        if getattr(layer, "use_bias", False):
+            layer.bias.assign(tf.zeros_like(layer.bias))
+    blank = np.zeros((1, 28, 28, 1), "float32")
+    target = rng.normal(0, 0.01, blank.shape).astype("float32")
+    zero_rule = HeatmapObjective(target, LRP(model, composite="zero"))
+    findings = diagnose(model, blank, 7, zero_rule)
+    assert "nan-division" in codes(findings)
+    assert np.isfinite(zero_rule.probe(model, blank, 7, tf.float32).heatmap.numpy()).all()
+    epsilon_rule = HeatmapObjective(target, LRP(model, composite="epsilon"))
+    assert "nan-division" not in codes(diagnose(model, blank, 7, epsilon_rule))
+
+
+def test_non_finite_gradients_are_reported(mlp, image):
+    probe = SaliencyObjective().probe(mlp, image, 3, tf.float32)
+    probe.gradients["input"] = tf.fill([1, 28, 28, 1], np.nan)
+    findings = checks.non_finite(probe)
+    assert codes(findings) == ["nan-division"] and "784" in findings[0].message
+
+
+def test_piecewise_linear_found_and_fixed_by_softplus(image, rng):
+    relu = build_model(Architecture(hidden=(32, 16)), seed=0)
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    objective = ExplanationObjective(target)
+    findings = diagnose(relu, image, 7, objective)
+    assert codes(findings) == ["piecewise-linear"]
+    assert "model.activation=softplus" in findings[0].fix
+    smooth = build_model(Architecture(hidden=(32, 16), activation="softplus", beta=10.0), seed=0)
+    assert diagnose(smooth, image, 7, objective) == []
+    assert max_abs(objective.probe(smooth, image, 7, tf.float32).gradients) > 0
+
+
+def test_every_code_is_documented_and_reports_read_well():
+    assert set(CODES) >= {
+        "zero-residual", "dead-output", "dead-units", "softmax-saturated",
+        "underflow", "unconnected", "nan-division", "piecewise-linear",
+    }
+    with pytest.raises(ValueError, match="Unknown finding code"):
+        Finding("made-up", None, "", "")
+    report = format_report([Finding("underflow", "dense/kernel", "numbers", "trainer.precision=float64")], "ctx")
+    assert "1. underflow [dense/kernel]: numbers" in report and "fix: trainer.precision=float64" in report
+    assert "No problems found" in format_report([])
+
+
+@pytest.fixture
+def composed(tmp_path_factory):
+    register()
+    GlobalHydra.instance().clear()
+    cache = tmp_path_factory.mktemp("cache")
+
+    def make(*overrides: str):
+        out = tmp_path_factory.mktemp("run")
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            return compose(
+                "train",
+                overrides=[
+                    "model.hidden=[32,16]",
+                    "model.reference_epochs=1",
+                    "trainer.steps=5",
+                    "trainer.log_every=5",
+                    f"paths.output_dir={out}",
+                    f"paths.cache_dir={cache}",
+                    f"paths.root={out}",
+                    *overrides,
+                ],
+            ), out
+
+    yield make
+    GlobalHydra.instance().clear()
+
+
+def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed):
+    from heatinv.train import GradientsVanished, run
+
+    # a random student whose target-class output is dead behind its final ReLU (seed 0, digit 7)
+    cfg, out = composed("model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
+    with pytest.raises(GradientsVanished) as stop:
+        run(cfg)
+    assert stop.value.step == 1 and "dead-output" in codes(stop.value.findings)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped_at_step"] == 1 and metrics["diagnosis"][0]["code"] == "dead-output"
+    assert json.loads((out / "doctor.json").read_text())[0]["code"] == "dead-output"
+
+
+def test_doctor_cli_function_on_healthy_and_zero_residual_runs(composed, capsys):
+    from heatinv.doctor.__main__ import run_doctor
+
+    cfg, out = composed()
+    assert run_doctor(cfg) == []
+    assert json.loads((out / "doctor.json").read_text()) == []
+    cfg, out = composed("init=reference", "target=digit7")
+    assert codes(run_doctor(cfg)) == ["zero-residual"]
+    assert "zero-residual" in capsys.readouterr().out
