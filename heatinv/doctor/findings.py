@@ -46,7 +46,7 @@ def format_report(findings: list[Finding], context: str = "") -> str:
     """A readable report: one numbered paragraph per finding, or a clean bill of health."""
     head = f"heatinv doctor{': ' + context if context else ''}"
     if not findings:
-        return f"{head}\nNo problems found: gradients flow to every variable."
+        return f"{head}\nNo problems found: the gradients are non-zero and finite."
     lines = [head, f"{len(findings)} finding{'s' if len(findings) != 1 else ''}:"]
     for i, finding in enumerate(findings, 1):
         where = f" [{finding.layer}]" if finding.layer else ""
