@@ -42,8 +42,22 @@ class TargetConfig:
     index: int = 0  # which held-out image of that digit
     path: Optional[str] = None  # kind=file: the heatmap (.npy or .png)
     image: Optional[str] = None  # kind=file: the input it belongs to (.npy or .png)
-    pattern: str = "square"  # kind=pattern: square | cross | frame
+    pattern: str = "square"  # kind=pattern: square | cross | frame | file (from target.path)
     scale: float = 1.0  # kind=pattern: total relevance of the pattern
+    like: int = 0  # kind=swap: the class whose reference heatmaps the images should get
+    top_k: int = 50  # kind=suppress: how many of the most relevant pixels to empty
+
+
+@dataclass
+class TaskConfig:
+    kind: str = "single"  # single: one heatmap of one image | dataset: many images' heatmaps
+    classes: Optional[list[int]] = None  # dataset: the classes whose heatmaps move (None: all)
+    epochs: int = 20
+    batch_size: int = 64
+    heatmap_weight: float = 1.0
+    ce_weight: float = 1.0
+    logit_weight: float = 0.0
+    success_threshold: float = 0.8  # a held-out image counts as manipulated at this cosine to its target
 
 
 @dataclass
@@ -96,6 +110,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     init: InitConfig = field(default_factory=InitConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     lrp: LrpConfig = field(default_factory=LrpConfig)
@@ -110,8 +125,9 @@ CHOICES = {
     "model.name": ("mlp", "cnn", "file"),
     "model.activation": ("relu", "softplus"),
     "model.output_activation": ("linear", "relu", "softmax"),
-    "target.kind": ("digit", "file", "pattern"),
-    "target.pattern": ("square", "cross", "frame"),
+    "target.kind": ("digit", "file", "pattern", "swap", "suppress"),
+    "target.pattern": ("square", "cross", "frame", "file"),
+    "task.kind": ("single", "dataset"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
     "loss.normalize": ("none", "sum", "max"),
@@ -121,7 +137,17 @@ CHOICES = {
     "trainer.precision": ("float32", "float64"),
 }
 
-POSITIVE = ("trainer.steps", "trainer.log_every", "optimizer.lr", "loss.delta", "model.reference_epochs", "model.beta")
+POSITIVE = (
+    "trainer.steps",
+    "trainer.log_every",
+    "optimizer.lr",
+    "loss.delta",
+    "model.reference_epochs",
+    "model.beta",
+    "task.epochs",
+    "task.batch_size",
+    "target.top_k",
+)
 
 
 class ConfigError(ValueError):
@@ -143,6 +169,17 @@ def validate(cfg) -> None:
             raise ConfigError(f"Config value {key}={value!r} must be > 0.")
     if not 0 <= cfg.target.digit <= 9:
         raise ConfigError(f"Config value target.digit={cfg.target.digit!r} must be a digit 0-9.")
+    single_kinds, dataset_kinds = ("digit", "file", "pattern"), ("pattern", "swap", "suppress")
+    allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds
+    if cfg.target.kind not in allowed:
+        raise ConfigError(
+            f"Config value target.kind={cfg.target.kind!r} does not go with task.kind={cfg.task.kind!r}, which takes "
+            f"target.kind in {list(allowed)}. Pick one (e.g. target=pattern) or switch task (task=dataset)."
+        )
+    if cfg.task.kind == "dataset" and not 0 <= cfg.task.success_threshold <= 1:
+        raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
+    if cfg.target.pattern == "file" and not cfg.target.path:
+        raise ConfigError("target.pattern=file needs target.path=/path/to/pattern.npy (or .png).")
     if cfg.target.index < 0:
         raise ConfigError(f"Config value target.index={cfg.target.index!r} must be >= 0.")
     if cfg.lrp.low > cfg.lrp.high:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+from omegaconf import OmegaConf
 from tensorboard.plugins.hparams import api as hp
 
 from heatinv.render import diverging_rgb, grayscale_rgb
@@ -30,6 +31,23 @@ def hparam_value(value):
     if isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def flat_config(cfg) -> dict:
+    """``{"loss.name": "mse", ...}`` without paths, for HParams and metrics.json."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("paths", None)
+    flat: dict = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        else:
+            flat[prefix[:-1]] = node
+
+    walk("", container)
+    return flat
 
 
 class Summaries:

@@ -29,9 +29,10 @@ from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, UnsupportedLayerError
 from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
 from heatinv.render import diverging_rgb, grayscale_rgb, panel, write_png
+from heatinv.manipulate import run_dataset
 from heatinv.similarity import similarity_numpy
 from heatinv.step import compile_step, make_optimizer
-from heatinv.summaries import Summaries
+from heatinv.summaries import Summaries, flat_config
 from heatinv.targets import Target, build_target
 
 
@@ -92,23 +93,6 @@ def make_target(cfg, dataset, reference: keras.Model) -> Target:
     )
 
 
-def flat_config(cfg) -> dict:
-    """``{"loss.name": "mse", ...}`` without paths, for HParams and metrics.json."""
-    container = OmegaConf.to_container(cfg, resolve=False)
-    container.pop("paths", None)
-    flat: dict = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(f"{prefix}{key}.", value)
-        else:
-            flat[prefix[:-1]] = node
-
-    walk("", container)
-    return flat
-
-
 def run(cfg) -> dict:
     """Run one inversion; write TensorBoard events, ``metrics.json``, ``student.keras``, ``heatmaps.png``.
 
@@ -123,6 +107,22 @@ def run(cfg) -> dict:
 
     dataset = load_dataset(cfg.data.name, cfg.data.path)
     models = build_models(cfg, dataset)
+    if cfg.task.kind == "dataset":
+        metrics = run_dataset(
+            cfg,
+            dataset,
+            models.reference,
+            models.reference_accuracy,
+            models.student,
+            lambda model: explainer_for(model, cfg),
+            lambda metrics, student, rgb: write_run_files(out, metrics, student, rgb),
+        )
+        print(
+            f"heatinv: held-out cosine {metrics['cosine']:.4f}, success rate {metrics['success_rate']:.3f}; "
+            f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}",
+            flush=True,
+        )
+        return {**metrics, "objective": 1.0 - metrics["cosine"]}
     target = make_target(cfg, dataset, models.reference)
     student = models.student
     explainer = explainer_for(student, cfg)
@@ -220,13 +220,7 @@ def write_json(path: str, data) -> None:
 
 
 def write_outputs(out: str, metrics: dict, student: keras.Model, target: Target, initial, final) -> None:
-    """metrics.json, student.keras and heatmaps.png, each written whole or not at all."""
-    write_json(os.path.join(out, "metrics.json"), metrics)
-
-    tmp_model = os.path.join(out, ".student.tmp.keras")
-    student.save(tmp_model)
-    os.replace(tmp_model, os.path.join(out, "student.keras"))
-
+    """The single-heatmap run's files; the panel shows input, target, initial, final, difference."""
     vmax = float(np.abs(target.heatmap).max())
     tiles = [
         grayscale_rgb(target.image[0]),
@@ -235,7 +229,16 @@ def write_outputs(out: str, metrics: dict, student: keras.Model, target: Target,
         diverging_rgb(final[0], vmax),
         diverging_rgb(final[0] - target.heatmap[0], vmax),
     ]
-    write_png(os.path.join(out, "heatmaps.png"), panel(tiles))
+    write_run_files(out, metrics, student, panel(tiles))
+
+
+def write_run_files(out: str, metrics: dict, student: keras.Model, heatmaps_rgb: np.ndarray) -> None:
+    """metrics.json, student.keras and heatmaps.png, each written whole or not at all."""
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    tmp_model = os.path.join(out, ".student.tmp.keras")
+    student.save(tmp_model)
+    os.replace(tmp_model, os.path.join(out, "student.keras"))
+    write_png(os.path.join(out, "heatmaps.png"), heatmaps_rgb)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://heatinv.configs", config_name="train")

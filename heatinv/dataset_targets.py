@@ -1,0 +1,94 @@
+"""Targets over a whole dataset: where every image's explanation should move.
+
+All three manipulations keep each image's explained score: a target map has the same total
+relevance as the reference's own heatmap of that image, only placed elsewhere.
+
+- ``pattern``: a fixed map (square, cross, frame, or a file): "the explanation points at
+  a fixed place, whatever the digit";
+- ``swap``: the images get the reference's mean heatmap of another class (``like``);
+- ``suppress``: the ``top_k`` pixels the reference found most relevant get no relevance,
+  the rest keep their share, rescaled to the same total: the original evidence is hidden.
+
+Images outside the chosen classes keep the reference's heatmap as their target, so only
+the chosen classes' explanations move.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heatinv.maps_io import read_map
+from heatinv.targets import pattern_map
+
+KINDS = ("pattern", "swap", "suppress")
+
+
+def _unit_sum(heatmap: np.ndarray) -> np.ndarray:
+    total = heatmap.sum()
+    if total == 0:
+        raise ValueError("A target pattern must have a non-zero total relevance.")
+    return heatmap / total
+
+
+def dataset_targets(
+    kind: str,
+    labels: np.ndarray,
+    reference_heatmaps: np.ndarray,
+    classes: list[int] | None = None,
+    *,
+    pattern: str = "frame",
+    pattern_path: str | None = None,
+    like: int = 0,
+    like_heatmaps: tuple[np.ndarray, np.ndarray] | None = None,
+    top_k: int = 50,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Target heatmaps for every image, and which images are manipulated.
+
+    Args:
+        kind: ``pattern``, ``swap`` or ``suppress``.
+        labels: ``[N]`` class of each image.
+        reference_heatmaps: ``[N, H, W, 1]`` the reference's heatmap of each image for its label.
+        classes: the classes to manipulate (None: all).
+        pattern, pattern_path: for ``pattern``: a name of :func:`~heatinv.targets.pattern_map`,
+            or ``"file"`` with ``pattern_path`` (``.npy``/``.png``).
+        like: for ``swap``: the class whose heatmaps the images should get.
+        like_heatmaps: for ``swap``: ``(labels, heatmaps)`` to average class ``like`` over
+            (default: these images); pass the training set's so test targets use the same mean.
+        top_k: for ``suppress``: how many of the most relevant pixels to empty.
+
+    Returns:
+        ``(targets [N, H, W, 1], manipulated [N] bool)``.
+
+    Example:
+    >>> R = np.random.rand(4, 28, 28, 1).astype("float32")
+    >>> targets, chosen = dataset_targets("pattern", np.array([0, 1, 0, 1]), R, classes=[1])
+    >>> chosen.tolist(), bool(np.allclose(targets[1].sum(), R[1].sum(), rtol=1e-4))
+    ([False, True, False, True], True)
+    """
+    if kind not in KINDS:
+        raise ValueError(f"Unknown dataset target {kind!r}; expected one of {list(KINDS)}.")
+    chosen = np.ones(len(labels), bool) if classes is None else np.isin(labels, classes)
+    totals = reference_heatmaps.reshape(len(labels), -1).sum(axis=1)[:, None, None, None]
+    targets = reference_heatmaps.copy()
+    if kind == "pattern":
+        shape = reference_heatmaps.shape[1:]
+        if pattern == "file":
+            unit = _unit_sum(read_map(pattern_path, expected_shape=shape, what="target.path"))
+        else:
+            unit = _unit_sum(pattern_map(pattern, shape[0]))
+        targets[chosen] = (unit[None] * totals)[chosen]
+    elif kind == "swap":
+        source_labels, source_maps = like_heatmaps if like_heatmaps is not None else (labels, reference_heatmaps)
+        if not np.any(source_labels == like):
+            raise ValueError(f"target.like={like}: no images of class {like} to take heatmaps from.")
+        mean = source_maps[source_labels == like].mean(axis=0)
+        targets[chosen] = (_unit_sum(mean)[None] * totals)[chosen]
+    else:
+        flat = reference_heatmaps.reshape(len(labels), -1)
+        top = np.argsort(-flat, axis=1)[:, :top_k]
+        kept = flat.copy()
+        np.put_along_axis(kept, top, 0.0, axis=1)
+        kept_totals = kept.sum(axis=1, keepdims=True)
+        scale = np.divide(flat.sum(axis=1, keepdims=True), kept_totals, out=np.ones_like(kept_totals), where=kept_totals != 0)
+        targets[chosen] = (kept * scale).reshape(reference_heatmaps.shape)[chosen]
+    return targets.astype(np.float32), chosen

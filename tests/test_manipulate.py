@@ -1,0 +1,135 @@
+"""Dataset-scale manipulation: targets over many images, the combined objective, held-out evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from heatinv.config import register, validate
+from heatinv.dataset_targets import dataset_targets
+from heatinv.lrp import LRP
+from heatinv.manipulate import evaluate, explain_all
+from heatinv.models import Architecture, accuracy, build_model
+from heatinv.targets import pattern_map
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "experiment").glob("*.yaml"))
+
+
+@pytest.fixture
+def maps(rng):
+    labels = np.array([0, 1, 2, 1, 0, 2])
+    heatmaps = rng.uniform(0, 1, (6, 28, 28, 1)).astype("float32")
+    return labels, heatmaps
+
+
+def test_pattern_targets_keep_each_images_total_and_move_only_chosen_classes(maps):
+    labels, heatmaps = maps
+    targets, chosen = dataset_targets("pattern", labels, heatmaps, classes=[1], pattern="frame")
+    assert chosen.tolist() == [False, True, False, True, False, False]
+    np.testing.assert_array_equal(targets[~chosen], heatmaps[~chosen])
+    frame = pattern_map("frame")
+    for i in np.flatnonzero(chosen):
+        np.testing.assert_allclose(targets[i].sum(), heatmaps[i].sum(), rtol=1e-4)
+        np.testing.assert_allclose(targets[i] / targets[i].sum(), frame / frame.sum(), atol=1e-7)
+
+
+def test_swap_targets_take_the_like_class_mean_from_the_given_source(maps):
+    labels, heatmaps = maps
+    source_labels = np.array([0, 0, 5])
+    source_maps = np.stack([np.full((28, 28, 1), v, "float32") for v in (1.0, 3.0, 100.0)])
+    targets, chosen = dataset_targets("swap", labels, heatmaps, classes=[2], like=0, like_heatmaps=(source_labels, source_maps))
+    assert chosen.sum() == 2
+    for i in np.flatnonzero(chosen):  # the class-0 mean is flat, so the target is flat with the image's total
+        np.testing.assert_allclose(targets[i], np.full((28, 28, 1), heatmaps[i].sum() / 784), rtol=1e-5)
+    with pytest.raises(ValueError, match="no images of class 7"):
+        dataset_targets("swap", labels, heatmaps, like=7)
+
+
+def test_suppress_targets_empty_the_top_k_pixels_and_keep_the_total(maps):
+    labels, heatmaps = maps
+    targets, _ = dataset_targets("suppress", labels, heatmaps, top_k=30)
+    for i in range(len(labels)):
+        flat, target = heatmaps[i].ravel(), targets[i].ravel()
+        top = np.argsort(-flat)[:30]
+        assert np.all(target[top] == 0) and np.count_nonzero(target) == flat.size - 30
+        np.testing.assert_allclose(target.sum(), flat.sum(), rtol=1e-4)
+
+
+def test_unknown_dataset_target_is_refused(maps):
+    with pytest.raises(ValueError, match="expected one of"):
+        dataset_targets("rotate", *maps)
+
+
+def test_evaluate_scores_the_given_held_out_images(rng):
+    model = build_model(Architecture(hidden=(16, 8)), seed=0)
+    x = rng.uniform(0, 1, (20, 28, 28, 1)).astype("float32")
+    y = rng.integers(0, 10, 20)
+    explainer = LRP(model)
+    maps, _ = explain_all(explainer, x, y, batch_size=7)
+    np.testing.assert_allclose(maps, explainer(x, y.astype("int32")).numpy(), rtol=1e-5, atol=1e-7)
+    chosen = y % 2 == 0
+    scores = evaluate(explainer, x, y, maps, chosen, threshold=0.99)
+    assert scores["cosine"] == pytest.approx(1.0, abs=1e-5) and scores["success_rate"] == 1.0
+    assert scores["student_accuracy"] == pytest.approx(accuracy(model, x, y))
+    shuffled = maps[::-1].copy()
+    assert evaluate(explainer, x, y, shuffled, chosen, threshold=0.99)["success_rate"] < 1.0
+
+
+@pytest.fixture
+def composed(tmp_path_factory):
+    register()
+    GlobalHydra.instance().clear()
+    cache = tmp_path_factory.mktemp("cache")
+
+    def make(*overrides: str):
+        out = tmp_path_factory.mktemp("run")
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            cfg = compose(
+                "train",
+                overrides=[
+                    f"paths.output_dir={out}",
+                    f"paths.cache_dir={cache}",
+                    f"paths.root={out}",
+                    *overrides,
+                ],
+            )
+        return cfg, out
+
+    yield make
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment, composed):
+    cfg, _ = composed(f"experiment={experiment}")
+    validate(cfg)
+    assert cfg.task.kind == "dataset" and cfg.init.kind == "reference"
+    assert cfg.model.name in experiment and cfg.target.kind in experiment.replace("_", " ").split()[0]
+
+
+def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
+    from heatinv.data import load_digits
+    from heatinv.train import run
+
+    cfg, out = composed(
+        "experiment=pattern_frame_mlp", "model.hidden=[16,8]", "model.reference_epochs=1", "task.epochs=2", "task.batch_size=128"
+    )
+    metrics = run(cfg)
+    written = json.loads((out / "metrics.json").read_text())
+    for key in ("reference_accuracy", "student_accuracy", "cosine", "ssim", "pearson", "success_rate"):
+        assert np.isfinite(written[key]), key
+    assert written["manipulated_test_images"] == len(load_digits().y_test)  # held-out images, all classes
+    assert metrics["cosine"] > metrics["initial_cosine"]
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    data = load_digits()
+    assert written["student_accuracy"] == pytest.approx(accuracy(student, data.x_test, data.y_test), abs=1e-9)
+    rgb = tf.io.decode_png((out / "heatmaps.png").read_bytes()).numpy()
+    assert rgb.shape[-1] == 3 and rgb.shape[0] > rgb.shape[1] / 2  # rows of test images, four tiles each
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("ckpt-2"))
