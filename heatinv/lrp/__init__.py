@@ -179,14 +179,23 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
         if values.size and (values.min() < 0 or values.max() >= classes):
             raise ValueError(f"target {values.tolist()} is out of range for a model with {classes} classes.")
     target = tf.convert_to_tensor(target)
+    batch = logits.shape[0]
     if target.dtype.is_integer:
         if target.shape.rank == 0:
             target = tf.fill(tf.shape(logits)[:1], target)
         if target.shape.rank != 1:
             raise ValueError(f"An integer target must be a scalar or a [batch] vector, got shape {target.shape}.")
+        _check_batch(target.shape[0], batch)
         return tf.one_hot(target, classes, dtype=logits.dtype)
-    if target.shape.rank != 2 or target.shape[-1] != classes:
+    if not (target.dtype.is_floating or target.dtype == tf.bool) or target.shape.rank != 2 or target.shape[-1] != classes:
         raise ValueError(
-            f"A float target must be one-hot of shape [batch, {classes}], got shape {target.shape}."
+            f"A non-integer target must be a one-hot (float) array of shape [batch, {classes}], got "
+            f"{target.dtype.name} of shape {target.shape}."
         )
+    _check_batch(target.shape[0], batch)
     return tf.cast(target, logits.dtype)
+
+
+def _check_batch(given, expected) -> None:
+    if given is not None and expected is not None and given != expected:
+        raise ValueError(f"The target has {given} entries for a batch of {expected} inputs; give one per input.")
