@@ -156,6 +156,7 @@ class ConfigError(ValueError):
 
 def validate(cfg) -> None:
     """Check ranges and choices that types alone cannot express; raise :class:`ConfigError`."""
+    _check_known_keys(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
@@ -191,6 +192,21 @@ def validate(cfg) -> None:
             "target=file needs target.path=/path/to/heatmap.npy (or .png), and target.image=/path/to/input.npy "
             "for the input it belongs to."
         )
+
+
+def _check_known_keys(cfg) -> None:
+    """Keys added with Hydra's ``+`` bypass the schema; refuse the ones no code reads."""
+    for section, schema in TrainConfig.__dataclass_fields__.items():
+        node = cfg.get(section) if hasattr(cfg, "get") else getattr(cfg, section, None)
+        fields = getattr(schema.default_factory, "__dataclass_fields__", None) if callable(schema.default_factory) else None
+        if node is None or fields is None or not hasattr(node, "keys"):
+            continue
+        unknown = sorted(set(node.keys()) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"Unknown config key {section}.{unknown[0]} (not read by heatinv); the keys of {section} are "
+                f"{sorted(fields)}. Check the spelling."
+            )
 
 
 def _get(cfg, dotted: str):

@@ -24,10 +24,10 @@ def normalize_map(heatmap: tf.Tensor, how: str) -> tf.Tensor:
     """Scale each sample's map by its total ``sum`` of |R| or its ``max`` |R| (or ``none``)."""
     if how == "none":
         return heatmap
-    axes = list(range(1, heatmap.shape.rank))
-    reduce = tf.reduce_sum if how == "sum" else tf.reduce_max
     if how not in NORMALIZATIONS:
         raise ValueError(f"Unknown normalization {how!r}; expected one of {list(NORMALIZATIONS)}.")
+    axes = list(range(1, heatmap.shape.rank))
+    reduce = tf.reduce_sum if how == "sum" else tf.reduce_max
     scale = reduce(tf.abs(heatmap), axis=axes, keepdims=True)
     return heatmap / (scale + tf.constant(1e-12, heatmap.dtype))
 
@@ -42,6 +42,8 @@ def heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none") -> Heat
     """
     if name not in LOSSES:
         raise ValueError(f"Unknown loss {name!r}; expected one of {list(LOSSES)}.")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"Unknown normalization {normalize!r}; expected one of {list(NORMALIZATIONS)}.")
 
     def loss(heatmap: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
         heatmap = normalize_map(heatmap, normalize)

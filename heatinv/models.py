@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 
 import keras
@@ -52,24 +53,30 @@ def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = No
     smooth = arch.activation == "softplus"
     hidden_activation = None if smooth else arch.activation
 
-    def activated(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-        return [layer, SoftplusBeta(arch.beta)] if smooth else [layer]
+    def activated(layer: keras.layers.Layer, i: int) -> list[keras.layers.Layer]:
+        return [layer, SoftplusBeta(arch.beta, name=f"softplus_{i}")] if smooth else [layer]
 
+    # Fixed layer names: TensorBoard tags (grad_norm/<layer>/<variable>) then read the same
+    # in every run, whatever other models the Keras session has named before.
     layers: list[keras.layers.Layer] = [keras.Input(INPUT_SHAPE)]
     if arch.name == "mlp":
-        layers.append(keras.layers.Flatten())
-        for units in arch.hidden:
-            layers += activated(keras.layers.Dense(units, activation=hidden_activation, kernel_regularizer=regularizer))
+        layers.append(keras.layers.Flatten(name="flatten"))
+        for i, units in enumerate(arch.hidden, 1):
+            dense = keras.layers.Dense(units, activation=hidden_activation, kernel_regularizer=regularizer, name=f"dense_{i}")
+            layers += activated(dense, i)
     elif arch.name == "cnn":
-        for filters in arch.filters:
-            layers += activated(
-                keras.layers.Conv2D(filters, 3, padding="same", activation=hidden_activation, kernel_regularizer=regularizer)
+        for i, filters in enumerate(arch.filters, 1):
+            conv = keras.layers.Conv2D(
+                filters, 3, padding="same", activation=hidden_activation, kernel_regularizer=regularizer, name=f"conv_{i}"
             )
-            layers.append(keras.layers.MaxPooling2D(2))
-        layers.append(keras.layers.Flatten())
+            layers += activated(conv, i)
+            layers.append(keras.layers.MaxPooling2D(2, name=f"pool_{i}"))
+        layers.append(keras.layers.Flatten(name="flatten"))
     else:
         raise ValueError(f"Unknown architecture {arch.name!r}; expected 'mlp' or 'cnn'.")
-    layers.append(keras.layers.Dense(num_classes, activation=arch.output_activation, kernel_regularizer=regularizer))
+    layers.append(
+        keras.layers.Dense(num_classes, activation=arch.output_activation, kernel_regularizer=regularizer, name="output")
+    )
     return keras.Sequential(layers, name=arch.name)
 
 
@@ -119,7 +126,8 @@ def reference_model(
     The cache key covers the dataset, the architecture, the epochs and the seed, so a
     changed config never reuses a stale model.
     """
-    key = {"data": dataset.name, "train": len(dataset.x_train), "arch": asdict(arch), "epochs": epochs, "seed": seed}
+    data = hashlib.sha256(dataset.x_train.tobytes() + dataset.y_train.tobytes()).hexdigest()
+    key = {"data": dataset.name, "fingerprint": data, "arch": asdict(arch), "epochs": epochs, "seed": seed}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir, f"reference-{arch.name}-{digest}.keras")
     if os.path.isfile(path):
@@ -133,7 +141,14 @@ def reference_model(
         )
         model.fit(dataset.x_train, dataset.y_train, epochs=epochs, batch_size=32, verbose=0, shuffle=True)
         os.makedirs(cache_dir, exist_ok=True)
-        partial = path + ".partial.keras"
-        model.save(partial)
-        os.replace(partial, path)  # a crash never leaves a truncated cache entry
+        # A temporary name of this writer's own, renamed into place: a crash never leaves a
+        # truncated entry, and parallel sweep jobs training the same reference never collide.
+        handle, partial = tempfile.mkstemp(dir=cache_dir, prefix=".reference-", suffix=".keras")
+        os.close(handle)
+        try:
+            model.save(partial)
+            os.replace(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
     return model, accuracy(model, dataset.x_test, dataset.y_test)

@@ -84,11 +84,15 @@ def build_target(
         heatmap = explanation.relevance.numpy()
         source = f"reference heatmap of {source_image}"
         if not np.any(heatmap) and float(explanation.start[0]) == 0.0:
+            fix = (
+                "Explain the pre-activation instead with lrp.output=logit, or train the reference with "
+                "model.output_activation=linear."
+                if reference_explainer.output == "activation"
+                else "Check the reference model (its weights may be all zero), or pick another image (target.index)."
+            )
             raise ValueError(
                 f"The target heatmap ({source}) is all zeros because the reference's explained score for "
-                f"class {digit} is exactly 0 (lrp.output={reference_explainer.output}; a final ReLU outputs 0 "
-                "there: dead-output). Explain the pre-activation instead with lrp.output=logit, or train the "
-                "reference with model.output_activation=linear."
+                f"class {digit} is exactly 0 (lrp.output={reference_explainer.output}). {fix}"
             )
     elif kind == "file":
         heatmap = read_map(path, expected_shape=shape, what="target.path")[None]

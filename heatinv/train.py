@@ -36,12 +36,17 @@ from heatinv.summaries import Summaries, flat_config
 from heatinv.targets import Target, build_target
 
 
+NOTHING_TO_LEARN = ("zero-residual", "dead-output", "all-zero")
+"""Findings that leave the step nothing to follow: a run with one of them stops before step 1."""
+
+
 class GradientsVanished(RuntimeError):
     """Every gradient of a step was zero or non-finite; carries the doctor's findings."""
 
     def __init__(self, step: int, findings: list[Finding]):
         self.step, self.findings = step, findings
-        super().__init__(format_report(findings, f"every gradient of step {step} is zero or not finite"))
+        when = "before the first update" if step == 0 else f"every gradient of step {step} is zero or not finite"
+        super().__init__(format_report(findings, when))
 
 
 @dataclass
@@ -141,9 +146,14 @@ def run(cfg) -> dict:
     if findings:
         print(format_report(findings, "before the first update"), flush=True)
     steps, log_every = cfg.trainer.steps, cfg.trainer.log_every
+    stopped = None
+    if any(finding.code in NOTHING_TO_LEARN for finding in findings):
+        # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
+        # blow up into full-size steps: stop before the first update instead.
+        stopped = steps = 0
     variables = student.trainable_variables
     progress = keras.utils.Progbar(steps, stateful_metrics=["loss", "cosine"], verbose=1 if sys.stdout.isatty() else 2)
-    stopped = None
+    result = None
     with Summaries(os.path.join(out, "tensorboard")) as summaries:
         summaries.text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=False) + "\n```")
         summaries.text("target", target.source)
@@ -160,7 +170,8 @@ def run(cfg) -> dict:
                 stopped = i
                 steps = i
                 break
-            if i == 1 or i % log_every == 0 or i == steps:
+            # The last step's values are logged after the loop, from the final weights.
+            if i < steps and (i == 1 or i % log_every == 0):
                 scores = similarity_numpy(result["heatmap"], target_map)
                 summaries.scalars(i, {"loss": loss, **{f"similarity/{k}": v for k, v in scores.items()}})
                 summaries.gradients(i, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
@@ -185,6 +196,10 @@ def run(cfg) -> dict:
             "stopped_at_step": stopped,
         }
         summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
+        if result is not None:
+            summaries.gradients(steps, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
+            summaries.histograms(steps, variables, result["gradients"])
+            progress.update(steps, [("loss", final_loss), ("cosine", scores["cosine"])])
         summaries.heatmaps(steps, target.image, target.heatmap, final_map)
         summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.basename(os.path.normpath(out)))
 
@@ -246,7 +261,8 @@ def _hydra_main(cfg: DictConfig) -> float:
     try:
         return run(cfg)["objective"]
     except GradientsVanished as stop:
-        print(f"heatinv: stopped at step {stop.step}.\n{stop}", file=sys.stderr, flush=True)
+        when = "before the first update" if stop.step == 0 else f"at step {stop.step}"
+        print(f"heatinv: stopped {when}.\n{stop}", file=sys.stderr, flush=True)
         sys.exit(3)
     except (ConfigError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -239,10 +239,36 @@ def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed):
     cfg, out = composed("model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
     with pytest.raises(GradientsVanished) as stop:
         run(cfg)
-    assert stop.value.step == 1 and "dead-output" in codes(stop.value.findings)
+    # the doctor's pre-run diagnosis finds it, so not a single step is run
+    assert stop.value.step == 0 and "dead-output" in codes(stop.value.findings)
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["stopped_at_step"] == 1 and metrics["diagnosis"][0]["code"] == "dead-output"
+    assert metrics["stopped_at_step"] == 0 and metrics["steps"] == 0
+    assert metrics["diagnosis"][0]["code"] == "dead-output"
     assert json.loads((out / "doctor.json").read_text())[0]["code"] == "dead-output"
+
+
+def test_train_stops_when_a_step_has_only_zero_gradients(composed, monkeypatch):
+    """The in-loop check: a step whose gradients all vanish stops the run with a fresh diagnosis."""
+    import heatinv.train as train
+
+    cfg, out = composed()
+    real = train.compile_step
+
+    def zeroing(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def wrapped(*a):
+            result = dict(step(*a))
+            result["zero_fractions"] = tf.ones_like(result["zero_fractions"])
+            return result
+
+        return wrapped
+
+    monkeypatch.setattr(train, "compile_step", zeroing)
+    with pytest.raises(train.GradientsVanished) as stop:
+        train.run(cfg)
+    assert stop.value.step == 1
+    assert json.loads((out / "metrics.json").read_text())["stopped_at_step"] == 1
 
 
 def test_doctor_cli_function_on_healthy_and_zero_residual_runs(composed, capsys):

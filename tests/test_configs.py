@@ -1,0 +1,214 @@
+"""Config tests: every shipped config file composes against the typed schema and passes `validate`.
+
+The configs are composed the way `python -m heatinv.train` composes them: from the installed
+package `heatinv.configs` (not from a path relative to the tests), with the schema registered
+and Hydra's own config returned, so `${hydra:...}` interpolations resolve
+(`HydraConfig().set_config`). The parametrized cases are enumerated from the YAML files in
+each group folder, so a new file is covered without touching this module.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf, open_dict
+
+from heatinv.config import CHOICES, ConfigError, register, validate
+from heatinv.lrp import COMPOSITES
+
+# Groups every config must have a file for; any other folder of YAML files is tested too.
+CORE_GROUPS = ("data", "model", "target", "init", "loss", "lrp", "optimizer", "trainer")
+
+# Choices that validate only together with other values: the file they point at, or the task
+# they belong to. A new file that needs a partner fails its case until it is listed here.
+REQUIRED_OVERRIDES = {
+    ("model", "file"): ["model.path=/nonexistent/model.keras"],
+    ("target", "file"): ["target.path=/nonexistent/heatmap.npy"],
+    ("target", "swap"): ["task=dataset"],
+    ("target", "suppress"): ["task=dataset"],
+    ("task", "dataset"): ["target=pattern"],
+}
+
+
+def config_groups() -> list[str]:
+    """Every folder of ``heatinv.configs`` holding YAML files, except Hydra's own ``hydra`` group."""
+    root = resources.files("heatinv.configs")
+    return sorted(
+        entry.name
+        for entry in root.iterdir()
+        if entry.is_dir() and entry.name != "hydra" and any(f.name.endswith(".yaml") for f in entry.iterdir())
+    )
+
+
+def group_choices(group: str) -> list[str]:
+    """The choices of a config group: the stems of ``heatinv.configs/<group>/*.yaml``."""
+    folder = resources.files("heatinv.configs") / group
+    return sorted(entry.name[: -len(".yaml")] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+GROUPS = config_groups()
+CASES = [pytest.param(group, choice, id=f"{group}={choice}") for group in GROUPS for choice in group_choices(group)]
+
+
+@pytest.fixture
+def compose_train(tmp_path, monkeypatch):
+    """``compose_train(*overrides)``: the ``train`` config with Hydra's node, set as the global Hydra config.
+
+    Runs in ``tmp_path`` (so ``paths.root``, derived from the working directory, lands there)
+    and sets ``hydra.runtime.output_dir`` to ``tmp_path / "run"``, which Hydra fills in only
+    when it launches a job. Clears ``GlobalHydra`` afterwards.
+    """
+    monkeypatch.chdir(tmp_path)
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+
+        def compose_(*overrides: str):
+            cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+            with open_dict(cfg):
+                cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+            HydraConfig().set_config(cfg)
+            return cfg
+
+        yield compose_
+    GlobalHydra.instance().clear()
+
+
+def test_every_core_group_has_choices():
+    # Guards the enumeration: an empty or renamed group folder would silently drop cases.
+    for group in CORE_GROUPS:
+        assert group in GROUPS, f"no YAML files found in heatinv.configs/{group}"
+
+
+@pytest.mark.parametrize(("group", "choice"), CASES)
+def test_group_choice_composes_and_validates(compose_train, group, choice):
+    cfg = compose_train(f"{group}={choice}", *REQUIRED_OVERRIDES.get((group, choice), []))
+    assert HydraConfig.get().runtime.choices[group] == choice
+    validate(cfg)  # raises ConfigError on any out-of-range value
+    # Every interpolation of the job config resolves (paths.* read Hydra's global config).
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    container = OmegaConf.to_container(job, resolve=True, throw_on_missing=True)
+    assert container["paths"]["output_dir"] == HydraConfig.get().runtime.output_dir
+
+
+@pytest.mark.parametrize("group", ["model", "target"])
+def test_file_choices_need_a_path(compose_train, group):
+    # Composing is fine, but validate names the key that must be given.
+    cfg = compose_train(f"{group}=file")
+    with pytest.raises(ConfigError, match=rf"{group}\.path="):
+        validate(cfg)
+
+
+def test_lrp_group_matches_registered_composites():
+    files = set(group_choices("lrp"))
+    registry = set(COMPOSITES)
+    assert files - registry == set(), f"configs/lrp files without a registered composite: {sorted(files - registry)}"
+    assert registry - files == set(), f"registered composites without a configs/lrp file: {sorted(registry - files)}"
+
+
+def test_lrp_file_selects_its_own_composite(compose_train):
+    for choice in group_choices("lrp"):
+        assert compose_train(f"lrp={choice}").lrp.composite == choice
+
+
+def test_paths_derive_from_hydra_runtime(compose_train, tmp_path):
+    cfg = compose_train()
+    assert cfg.paths.output_dir == str(tmp_path / "run")
+    assert cfg.paths.root == str(tmp_path / "outputs")
+    assert cfg.paths.cache_dir == str(tmp_path / "outputs" / "cache")
+
+
+def test_defaults_are_valid_and_match_schema_choices(compose_train):
+    cfg = compose_train()
+    validate(cfg)
+    choices = HydraConfig.get().runtime.choices
+    assert (choices["loss"], choices["target"], choices["model"]) == ("mse", "digit7", "mlp")
+    for key, allowed in CHOICES.items():
+        assert OmegaConf.select(cfg, key) in allowed, key
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["loss.detla=1", "trainer.stpes=3", "model.hiden=[16,8]"],
+    ids=["loss.detla", "trainer.stpes", "model.hiden"],
+)
+def test_typo_key_fails_at_compose(compose_train, override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigCompositionException, match=key.replace(".", r"\.")):
+        compose_train(override)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["trainer.steps=many", "optimizer.lr=fast", "trainer.jit_compile=maybe", "model.hidden=[a,b]"],
+)
+def test_wrong_type_fails_at_compose(compose_train, override):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_train(override)
+    # Hydra names the override; the cause names the key and the bad value.
+    message = str(info.value) + " " + str(info.value.__cause__)
+    assert override.split("=")[0] in message
+
+
+def test_missing_group_file_fails_at_compose(compose_train):
+    with pytest.raises(MissingConfigException, match=r"loss/l3") as info:
+        compose_train("loss=l3")
+    assert "l1" in str(info.value) and "huber" in str(info.value)  # lists the available options
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.steps=0", "trainer.steps"),
+        ("trainer.log_every=-1", "trainer.log_every"),
+        ("optimizer.lr=0", "optimizer.lr"),
+        ("loss.delta=0", "loss.delta"),
+        ("model.reference_epochs=0", "model.reference_epochs"),
+        ("target.digit=10", "target.digit"),
+        ("target.index=-1", "target.index"),
+        ("lrp.low=2.0", "lrp.low"),
+    ],
+)
+def test_out_of_range_value_fails_validate_naming_key(compose_train, override, key):
+    cfg = compose_train(override)  # the type is right, so composing succeeds
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("loss.name=l3", "loss.name"),
+        ("loss.normalize=l2", "loss.normalize"),
+        ("lrp.composite=gradient", "lrp.composite"),
+        ("target.pattern=circle", "target.pattern"),
+        ("optimizer.name=rmsprop", "optimizer.name"),
+        ("trainer.precision=float16", "trainer.precision"),
+    ],
+)
+def test_unknown_choice_fails_validate_naming_key_and_choices(compose_train, override, key):
+    cfg = compose_train(override)
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    message = str(info.value)
+    assert key in message
+    assert override.split("=")[1] in message
+    for allowed in CHOICES[key]:
+        assert repr(allowed) in message, f"{allowed!r} missing from: {message}"
+
+
+def test_validate_accepts_file_choices_with_paths(compose_train, tmp_path):
+    cfg = compose_train("model=file", f"model.path={tmp_path}/m.keras", "target=file", f"target.path={tmp_path}/h.npy")
+    validate(cfg)
+    assert (cfg.model.name, cfg.target.kind) == ("file", "file")
+
+
+def test_key_added_with_plus_is_refused_by_validate(compose_train):
+    cfg = compose_train("+loss.detla=1")
+    with pytest.raises(ConfigError, match=r"Unknown config key loss\.detla"):
+        validate(cfg)

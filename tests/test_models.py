@@ -1,0 +1,207 @@
+"""Unit tests for `heatinv.models`: building the MLP/CNN, safe loading of users' files, the cached reference.
+
+`reference_model` is exercised on a tiny synthetic dataset so training takes well under a
+second; the cache is checked without timing, by counting (or forbidding) calls to `fit`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from heatinv.data import Dataset
+from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
+
+TINY = Architecture("mlp", hidden=(8,))
+
+
+@pytest.fixture(scope="module")
+def dataset() -> Dataset:
+    """60 train / 20 test random images with labels 0..9."""
+    rng = np.random.default_rng(0)
+    return Dataset(
+        rng.uniform(0, 1, (60, 28, 28, 1)).astype(np.float32),
+        np.tile(np.arange(10), 6).astype(np.int64),
+        rng.uniform(0, 1, (20, 28, 28, 1)).astype(np.float32),
+        np.tile(np.arange(10), 2).astype(np.int64),
+        name="synthetic",
+    )
+
+
+@pytest.fixture
+def count_fit(monkeypatch):
+    """Counts calls to ``keras.Model.fit`` (still training); returns the list of calls."""
+    calls = []
+    original = keras.Model.fit
+
+    def fit(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "fit", fit)
+    return calls
+
+
+def lambda_model() -> keras.Model:
+    layers = [keras.layers.Flatten(), keras.layers.Lambda(lambda t: t * 2.0), keras.layers.Dense(10)]
+    return keras.Sequential([keras.Input((28, 28, 1)), *layers])
+
+
+def test_mlp_layout_and_size():
+    model = build_model(Architecture("mlp", hidden=(300, 100)))
+    assert model.count_params() == 784 * 300 + 300 + 300 * 100 + 100 + 100 * 10 + 10 == 266610
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    assert [layer.units for layer in dense] == [300, 100, 10]
+    assert dense[-1].activation.__name__ == "linear"
+    assert model(np.zeros((2, 28, 28, 1), np.float32)).shape == (2, 10)
+
+
+def test_output_activation_and_hidden_activation_follow_the_architecture():
+    model = build_model(Architecture("mlp", hidden=(4,), activation="relu", output_activation="softmax"))
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    assert dense[-1].activation.__name__ == "softmax"
+    out = model(np.random.default_rng(0).uniform(size=(3, 28, 28, 1)).astype(np.float32)).numpy()
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_cnn_layout():
+    model = build_model(Architecture("cnn", filters=(4, 8)), num_classes=7)
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    pools = [layer for layer in model.layers if isinstance(layer, keras.layers.MaxPooling2D)]
+    assert [layer.filters for layer in convs] == [4, 8]
+    assert len(pools) == 2
+    assert model(np.zeros((1, 28, 28, 1), np.float32)).shape == (1, 7)
+    # 28 -> 14 -> 7 after two poolings: the classifier sees 7 * 7 * 8 features.
+    assert model.layers[-1].kernel.shape == (7 * 7 * 8, 7)
+
+
+def test_l2_zero_means_no_regularizer():
+    assert all(getattr(layer, "kernel_regularizer", None) is None for layer in build_model(Architecture(l2=0.0)).layers)
+    assert build_model(Architecture(l2=1e-3)).layers[-1].kernel_regularizer is not None
+
+
+def test_seed_fixes_the_initial_weights():
+    a, b, c = (build_model(TINY, seed=s).get_weights() for s in (3, 3, 4))
+    for wa, wb in zip(a, b):
+        np.testing.assert_array_equal(wa, wb)
+    assert not np.array_equal(a[0], c[0])
+
+
+def test_unknown_architecture_is_refused():
+    with pytest.raises(ValueError, match=r"'resnet'.*'mlp' or 'cnn'"):
+        build_model(Architecture("resnet"))
+
+
+def test_accuracy_matches_numpy(dataset):
+    model = build_model(TINY, seed=0)
+    logits = model(dataset.x_test).numpy()
+    expected = float(np.mean(np.argmax(logits, axis=1) == dataset.y_test))
+    assert accuracy(model, dataset.x_test, dataset.y_test, batch_size=7) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("extension", [".keras", ".h5"])
+def test_load_model_file_round_trip(tmp_path, extension):
+    model = build_model(TINY, seed=1)
+    path = tmp_path / f"model{extension}"
+    model.save(path)
+    loaded = load_model_file(str(path))
+    x = np.random.default_rng(0).uniform(size=(2, 28, 28, 1)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("extension", [".keras", ".h5"])
+def test_load_model_file_refuses_lambda_layers(tmp_path, extension):
+    path = tmp_path / f"lambda{extension}"
+    lambda_model().save(path)
+    with pytest.raises(ValueError) as info:
+        load_model_file(str(path))
+    message = str(info.value)
+    assert "Lambda" in message and "safe_mode" in message
+    assert str(path) in message and "model.path" in message
+
+
+def test_load_model_file_names_a_missing_path(tmp_path):
+    missing = tmp_path / "no" / "such.keras"
+    with pytest.raises(FileNotFoundError) as info:
+        load_model_file(str(missing))
+    assert str(missing) in str(info.value) and "model.path" in str(info.value)
+
+
+def test_load_model_file_refuses_a_file_that_is_not_a_model(tmp_path):
+    path = tmp_path / "notes.keras"
+    path.write_text("not a zip archive")
+    with pytest.raises(ValueError, match="notes.keras"):
+        load_model_file(str(path))
+
+
+def test_reference_model_trains_once_then_loads_from_cache(dataset, tmp_path, count_fit, monkeypatch):
+    cache = tmp_path / "cache"
+    first, first_accuracy = reference_model(TINY, dataset, epochs=1, cache_dir=str(cache), seed=0)
+    assert len(count_fit) == 1
+    files = sorted(os.listdir(cache))
+    assert len(files) == 1 and files[0].startswith("reference-mlp-") and files[0].endswith(".keras")
+    stamp = os.stat(cache / files[0]).st_mtime_ns
+
+    def fit(self, *args, **kwargs):
+        raise AssertionError("reference_model retrained a model that should have come from the cache")
+
+    monkeypatch.setattr(keras.Model, "fit", fit)
+    second, second_accuracy = reference_model(TINY, dataset, epochs=1, cache_dir=str(cache), seed=0)
+    assert second is not first
+    for a, b in zip(first.get_weights(), second.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert second_accuracy == first_accuracy
+    assert os.listdir(cache) == files  # no partial files, no second entry
+    assert os.stat(cache / files[0]).st_mtime_ns == stamp
+
+
+def test_reference_cache_key_covers_the_config(dataset, tmp_path, count_fit):
+    smaller = Dataset(dataset.x_train[:30], dataset.y_train[:30], dataset.x_test, dataset.y_test, name="synthetic")
+    base = {"arch": TINY, "data": dataset, "epochs": 1, "seed": 0}
+    changes = {
+        "base": {},
+        "epochs": {"epochs": 2},
+        "seed": {"seed": 1},
+        "hidden": {"arch": Architecture("mlp", hidden=(9,))},
+        "output_activation": {"arch": Architecture("mlp", hidden=(8,), output_activation="relu")},
+        "dataset": {"data": smaller},
+    }
+    for n, (what, change) in enumerate(changes.items(), start=1):
+        c = {**base, **change}
+        reference_model(c["arch"], c["data"], c["epochs"], str(tmp_path), c["seed"])
+        # Each changed config is trained into its own entry, never loaded from another's.
+        assert len(count_fit) == n, what
+        assert len(os.listdir(tmp_path)) == n, what
+
+
+def test_cached_reference_loads_in_safe_mode(dataset, tmp_path, count_fit):
+    # Train one entry, then swap a Lambda model in under its name: loading it must be refused.
+    reference_model(TINY, dataset, 1, str(tmp_path))
+    (entry,) = os.listdir(tmp_path)
+    lambda_model().save(tmp_path / entry)
+    with pytest.raises(ValueError, match="Lambda"):
+        reference_model(TINY, dataset, 1, str(tmp_path))
+    assert len(count_fit) == 1  # refused from the cache, not retrained
+
+
+def test_reference_cache_survives_a_concurrent_writer(dataset, tmp_path, monkeypatch):
+    # Replays the interleaving of two sweep jobs deterministically: job A saves its temporary
+    # file; job B (same config) then trains, saves and renames its own; then A renames.
+    original_save = keras.Model.save
+    interleaved = []
+
+    def save(self, filepath, *args, **kwargs):
+        original_save(self, filepath, *args, **kwargs)
+        if not interleaved:
+            interleaved.append(filepath)
+            reference_model(TINY, dataset, 1, str(tmp_path))  # job B, start to finish
+
+    monkeypatch.setattr(keras.Model, "save", save)
+    model, _ = reference_model(TINY, dataset, 1, str(tmp_path))  # job A
+    assert interleaved, "the interleaving did not happen"
+    assert model(dataset.x_test[:1]).shape == (1, 10)
+    (entry,) = [name for name in os.listdir(tmp_path) if not name.startswith(".")]
+    keras.saving.load_model(tmp_path / entry, safe_mode=True)

@@ -1,0 +1,156 @@
+"""Unit tests for `heatinv.targets`: synthetic pattern maps and `build_target` for each kind.
+
+Uses a small synthetic `Dataset` (two images per digit, each image marked with its index) so
+the tests can tell which image a target picked without loading real data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heatinv.data import Dataset
+from heatinv.lrp import LRP
+from heatinv.models import Architecture, build_model
+from heatinv.targets import PATTERNS, Target, build_target, pattern_map
+
+
+@pytest.fixture(scope="module")
+def dataset() -> Dataset:
+    """20 test images, labels 0..9 twice; image ``i`` has pixel (14, 14) = 0.5 + i / 100."""
+    labels = np.tile(np.arange(10), 2).astype(np.int64)
+    x = np.random.default_rng(0).uniform(0, 0.4, (20, 28, 28, 1)).astype(np.float32)
+    x[:, 14, 14, 0] = 0.5 + np.arange(20) / 100
+    return Dataset(x, labels, x.copy(), labels.copy(), name="synthetic")
+
+
+def support(heatmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows, cols = np.nonzero(heatmap[..., 0])
+    return rows, cols
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("scale", [1.0, 0.25, 3.0, -2.0])
+def test_pattern_sums_to_scale(name, scale):
+    heatmap = pattern_map(name, scale=scale)
+    assert heatmap.shape == (28, 28, 1) and heatmap.dtype == np.float32
+    assert float(heatmap.sum()) == pytest.approx(scale, rel=1e-5)
+    # Uniform on its support: one non-zero value.
+    assert len(np.unique(heatmap[heatmap != 0])) == 1
+
+
+def test_square_is_in_the_top_left_quadrant():
+    rows, cols = support(pattern_map("square"))
+    assert rows.min() == 3 and rows.max() == 10 and cols.min() == 3 and cols.max() == 10
+    assert len(rows) == 64  # a filled 8x8 square
+
+
+def test_cross_is_centred_and_symmetric():
+    heatmap = pattern_map("cross")[..., 0]
+    rows, cols = support(heatmap[..., None])
+    assert (rows.min() + rows.max()) / 2 == pytest.approx(13.5)
+    assert (cols.min() + cols.max()) / 2 == pytest.approx(13.5)
+    np.testing.assert_array_equal(heatmap, heatmap.T)  # arms of equal shape
+    # The centre is on the cross, the corners are not.
+    assert heatmap[13, 13] > 0 and heatmap[14, 14] > 0
+    assert heatmap[:4, :4].sum() == 0 and heatmap[-4:, -4:].sum() == 0
+
+
+def test_frame_hugs_the_border_and_leaves_the_inside_empty():
+    heatmap = pattern_map("frame")[..., 0]
+    assert heatmap[3:-3, 3:-3].sum() == 0  # nothing inside
+    assert np.all(heatmap[1, 1:-1] > 0) and np.all(heatmap[-2, 1:-1] > 0)
+    assert np.all(heatmap[1:-1, 1] > 0) and np.all(heatmap[1:-1, -2] > 0)
+    # The outermost pixel ring is left blank.
+    assert heatmap[0].sum() == heatmap[-1].sum() == heatmap[:, 0].sum() == heatmap[:, -1].sum() == 0
+
+
+def test_pattern_size_follows_the_argument():
+    heatmap = pattern_map("cross", size=12, scale=2.0)
+    assert heatmap.shape == (12, 12, 1)
+    assert float(heatmap.sum()) == pytest.approx(2.0)
+
+
+def test_unknown_pattern_names_the_choices():
+    with pytest.raises(ValueError, match=r"circle.*square.*cross.*frame"):
+        pattern_map("circle")
+
+
+def test_pattern_target_uses_the_digits_test_image(dataset):
+    target = build_target("pattern", dataset, None, digit=3, index=1, pattern="frame", scale=2.0)
+    assert isinstance(target, Target)
+    assert target.label == 3
+    assert target.image.shape == target.heatmap.shape == (1, 28, 28, 1)
+    assert target.image.dtype == target.heatmap.dtype == np.float32
+    # index 1 of digit 3 is test image #13.
+    assert target.image[0, 14, 14, 0] == pytest.approx(0.63)
+    np.testing.assert_array_equal(target.heatmap[0], pattern_map("frame", scale=2.0))
+    assert "frame" in target.source and "#13" in target.source
+
+
+def test_file_target_reads_the_heatmap_and_image(dataset, tmp_path):
+    heatmap = np.random.default_rng(1).normal(size=(28, 28)).astype(np.float32)
+    image = np.random.default_rng(2).uniform(size=(28, 28, 1)).astype(np.float32)
+    np.save(tmp_path / "map.npy", heatmap)
+    np.save(tmp_path / "image.npy", image)
+    target = build_target(
+        "file", dataset, None, digit=4, path=str(tmp_path / "map.npy"), image=str(tmp_path / "image.npy")
+    )
+    np.testing.assert_array_equal(target.heatmap, heatmap[None, ..., None])
+    np.testing.assert_array_equal(target.image, image[None])
+    assert target.label == 4
+    assert str(tmp_path / "map.npy") in target.source
+
+
+def test_file_target_without_image_uses_the_digits_test_image(dataset, tmp_path):
+    np.save(tmp_path / "map.npy", pattern_map("square"))
+    target = build_target("file", dataset, None, digit=2, path=str(tmp_path / "map.npy"))
+    assert target.image[0, 14, 14, 0] == pytest.approx(0.52)
+
+
+def test_digit_target_is_the_explainers_heatmap(dataset):
+    model = build_model(Architecture("mlp", hidden=(8,)), seed=0)
+    explainer = LRP(model, "epsilon")
+    target = build_target("digit", dataset, explainer, digit=5, index=0)
+    np.testing.assert_allclose(target.heatmap, explainer(dataset.x_test[5:6], 5).numpy(), rtol=1e-6)
+    assert target.label == 5 and np.any(target.heatmap)
+
+
+@pytest.mark.parametrize("kind", ["file", "pattern"])
+def test_all_zero_heatmap_is_refused(dataset, tmp_path, kind):
+    np.save(tmp_path / "zeros.npy", np.zeros((28, 28), np.float32))
+    with pytest.raises(ValueError, match="all zeros") as info:
+        build_target(kind, dataset, None, path=str(tmp_path / "zeros.npy"), scale=0.0)
+    assert "target.index" in str(info.value)  # says what to change
+
+
+def test_all_zero_reference_heatmap_is_refused(dataset):
+    # A model whose weights are all zero explains nothing: its heatmap is exactly 0.
+    model = build_model(Architecture("mlp", hidden=(8,)), seed=0)
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+    with pytest.raises(ValueError, match="all zeros") as info:
+        build_target("digit", dataset, LRP(model, "epsilon"), digit=7)
+    assert "digit 7" in str(info.value)  # names the image
+
+
+def test_digit_target_needs_an_explainer(dataset):
+    with pytest.raises(ValueError, match="explainer"):
+        build_target("digit", dataset, None)
+
+
+def test_unknown_kind_is_refused(dataset):
+    with pytest.raises(ValueError, match=r"'noise'.*digit, file or pattern"):
+        build_target("noise", dataset, None)
+
+
+def test_missing_heatmap_file_names_the_path(dataset, tmp_path):
+    missing = tmp_path / "nowhere.npy"
+    with pytest.raises(FileNotFoundError, match="nowhere.npy"):
+        build_target("file", dataset, None, path=str(missing))
+
+
+def test_missing_digit_image_is_refused(dataset):
+    # Only two test images of each digit exist.
+    with pytest.raises(ValueError, match="index"):
+        build_target("pattern", dataset, None, digit=1, index=2)
+

@@ -1,0 +1,353 @@
+"""Tests of the main job, `heatinv.train.run`, called in-process on a shrunk config.
+
+The config is composed from the installed `heatinv.configs` package like the command line
+does, then shrunk: 4 steps, a 784-16-8-10 MLP whose reference trains for one epoch (once
+per session, in a session-wide cache directory), outputs under `tmp_path`. The tests read
+back what a user would: `metrics.json`, `student.keras` (in Keras' safe mode),
+`heatmaps.png` and the TensorBoard event files (through TensorBoard's own
+`EventAccumulator`; TF2 summaries are stored as tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from heatinv.config import register
+from heatinv.data import load_dataset
+from heatinv.losses import heatmap_loss
+from heatinv.lrp import LRP
+from heatinv.models import Architecture, accuracy, build_model
+from heatinv.render import diverging_rgb
+from heatinv.similarity import similarity_numpy
+from heatinv.step import compile_step
+from heatinv.summaries import variable_tag
+from heatinv.targets import pattern_map
+from heatinv.train import GradientsVanished, build_models, explainer_for, make_target, run
+
+SHRINK = (
+    "trainer.steps=4",
+    "trainer.log_every=2",
+    "model.hidden=[16,8]",
+    "model.reference_epochs=1",
+)
+METRIC_KEYS = (
+    "loss",
+    "cosine",
+    "ssim",
+    "pearson",
+    "spearman",
+    "steps",
+    "seconds",
+    "steps_per_second",
+    "reference_accuracy",
+    "student_accuracy",
+)
+SIMILARITIES = ("cosine", "ssim", "pearson", "spearman")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    """One reference-model cache for the session: each reference architecture trains once."""
+    return str(tmp_path_factory.mktemp("reference-cache"))
+
+
+def train_config(output_dir, cache_dir: str, *overrides: str):
+    """The shrunk ``train`` config with ``overrides``, writing to ``output_dir``."""
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            return compose(
+                "train",
+                overrides=[
+                    *SHRINK,
+                    f"paths.root={output_dir}",
+                    f"paths.output_dir={output_dir}",
+                    f"paths.cache_dir={cache_dir}",
+                    *overrides,
+                ],
+            )
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def events(output_dir) -> EventAccumulator:
+    accumulator = EventAccumulator(os.path.join(output_dir, "tensorboard"), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def scalar_series(accumulator: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(event.step, float(tf.make_ndarray(event.tensor_proto))) for event in accumulator.Tensors(tag)]
+
+
+def plugin_of(accumulator: EventAccumulator, tag: str) -> str:
+    return accumulator.SummaryMetadata(tag).plugin_data.plugin_name
+
+
+def read_metrics(output_dir) -> dict:
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory, cache_dir):
+    """One shrunk run of the default config: ``(output_dir, returned metrics)``."""
+    out = tmp_path_factory.mktemp("default-run")
+    return str(out), run(train_config(out, cache_dir))
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_metrics_json_has_finite_values(default_run):
+    out, returned = default_run
+    metrics = read_metrics(out)
+    for key in METRIC_KEYS:
+        assert key in metrics, f"metrics.json lacks {key}"
+        assert isinstance(metrics[key], (int, float)) and math.isfinite(metrics[key]), (key, metrics[key])
+    assert metrics["steps"] == 4
+    for key in SIMILARITIES:
+        assert -1.0 <= metrics[key] <= 1.0, key
+    assert 0.0 <= metrics["reference_accuracy"] <= 1.0 and 0.0 <= metrics["student_accuracy"] <= 1.0
+    assert metrics["objective"] == pytest.approx(1.0 - metrics["cosine"])
+    assert {key: returned[key] for key in METRIC_KEYS} == {key: metrics[key] for key in METRIC_KEYS}
+
+
+def test_student_keras_loads_in_safe_mode_and_is_the_final_student(default_run):
+    out, metrics = default_run
+    student = keras.saving.load_model(os.path.join(out, "student.keras"), safe_mode=True)
+    digits = load_dataset("digits")
+    assert student(digits.x_test[:3]).shape == (3, 10)
+    # Its test accuracy is the one reported for the final student.
+    assert accuracy(student, digits.x_test, digits.y_test) == pytest.approx(metrics["student_accuracy"])
+
+
+def test_student_keras_reproduces_the_final_heatmap(default_run, cache_dir):
+    out, metrics = default_run
+    cfg = train_config(out, cache_dir)
+    digits = load_dataset("digits")
+    target = make_target(cfg, digits, build_models(cfg, digits).reference)
+    student = keras.saving.load_model(os.path.join(out, "student.keras"), safe_mode=True)
+    heatmap = explainer_for(student, cfg)(target.image, target.label).numpy()
+    assert similarity_numpy(heatmap, target.heatmap)["cosine"] == pytest.approx(metrics["cosine"], abs=1e-5)
+
+
+def test_heatmaps_png_decodes_to_rgb(default_run):
+    out, _ = default_run
+    with open(os.path.join(out, "heatmaps.png"), "rb") as f:
+        image = tf.io.decode_png(f.read()).numpy()
+    height, width, channels = image.shape
+    assert channels == 3
+    assert width > 4 * height  # five tiles side by side: input, target, initial, final, difference
+    assert image.min() < image.max()
+
+
+def test_tensorboard_scalars(default_run):
+    out, _ = default_run
+    accumulator = events(out)
+    tags = set(accumulator.Tags()["tensors"])
+    for tag in ("loss", *(f"similarity/{name}" for name in SIMILARITIES)):
+        assert tag in tags
+        assert plugin_of(accumulator, tag) == "scalars"
+        series = scalar_series(accumulator, tag)
+        assert {step for step, _ in series} == {1, 2, 4}  # step 1, every log_every, the last step
+        assert all(math.isfinite(value) for _, value in series)
+
+
+def test_tensorboard_gradients_per_trainable_variable(default_run):
+    out, _ = default_run
+    accumulator = events(out)
+    tags = set(accumulator.Tags()["tensors"])
+    student = keras.saving.load_model(os.path.join(out, "student.keras"), safe_mode=True)
+    expected = [variable_tag(v) for v in student.trainable_variables]
+    assert len(expected) == 6  # three Dense layers, kernel and bias
+    for name in expected:
+        for prefix in ("grad_norm", "zero_grad_fraction"):
+            assert f"{prefix}/{name}" in tags
+            assert plugin_of(accumulator, f"{prefix}/{name}") == "scalars"
+        for prefix in ("weights", "gradients"):
+            assert f"{prefix}/{name}" in tags
+            assert plugin_of(accumulator, f"{prefix}/{name}") == "histograms"
+    norms = [value for name in expected for _, value in scalar_series(accumulator, f"grad_norm/{name}")]
+    fractions = [value for name in expected for _, value in scalar_series(accumulator, f"zero_grad_fraction/{name}")]
+    assert all(value > 0 for value in norms)
+    assert all(0.0 <= value < 1.0 for value in fractions)
+    grad_tags = {tag for tag in tags if tag.startswith("grad_norm/")}
+    assert grad_tags == {f"grad_norm/{name}" for name in expected}  # nothing for non-trainable variables
+
+
+def test_tensorboard_images_text_and_hparams(default_run):
+    out, metrics = default_run
+    accumulator = events(out)
+    tags = set(accumulator.Tags()["tensors"])
+    for tag in ("heatmap/input", "heatmap/target", "heatmap/current", "heatmap/difference"):
+        assert tag in tags and plugin_of(accumulator, tag) == "images"
+        # An image summary holds width, height and the encoded PNG.
+        width, height, png = tf.make_ndarray(accumulator.Tensors(tag)[-1].tensor_proto)
+        assert tf.io.decode_png(png).shape[-1] == 3 and int(width) > 0 and int(height) > 0
+
+    assert plugin_of(accumulator, "config") == "text"
+    config_text = tf.make_ndarray(accumulator.Tensors("config")[0].tensor_proto).item().decode()
+    assert "name: mse" in config_text and "hidden:" in config_text
+
+    content = accumulator.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in content
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    hparams = {key: value for key, value in start.hparams.items()}
+    assert hparams["loss.name"].string_value == "mse"
+    assert hparams["trainer.steps"].number_value == 4
+    assert hparams["model.hidden"].string_value == "[16, 8]"
+    assert hparams["data.path"].string_value == "none"  # None becomes "none"
+    assert not any(key.startswith("paths.") for key in hparams)
+    assert start.group_name == os.path.basename(out)
+    # The final metrics the HParams dashboard shows.
+    for name in ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy"):
+        ((_, value),) = scalar_series(accumulator, f"final/{name}")
+        assert value == pytest.approx(metrics[name], rel=1e-6)
+
+
+def test_tensorboard_logs_each_scalar_once_per_step(default_run):
+    out, _ = default_run
+    steps = [step for step, _ in scalar_series(events(out), "loss")]
+    assert len(steps) == len(set(steps)), f"loss logged at steps {steps}"
+
+
+def test_tensorboard_tags_do_not_depend_on_the_cache(tmp_path):
+    cache = str(tmp_path / "fresh-cache")
+    run(train_config(tmp_path / "miss", cache, "trainer.steps=1"))
+    run(train_config(tmp_path / "hit", cache, "trainer.steps=1"))
+
+    def grad_tags(out):
+        return sorted(tag for tag in events(out).Tags()["tensors"] if tag.startswith("grad_norm/"))
+
+    assert grad_tags(tmp_path / "miss") == grad_tags(tmp_path / "hit")
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def test_compiled_step_lowers_the_loss_with_nonzero_gradients():
+    digits_image = load_dataset("digits").x_test[:1]
+    label = tf.constant([3])
+    # The target: another network's heatmap for the same image.
+    teacher = build_model(Architecture("mlp", hidden=(16, 8)), seed=1)
+    target = LRP(teacher, "epsilon_gamma_box")(digits_image, label)
+    student = build_model(Architecture("mlp", hidden=(16, 8)), seed=0)
+    loss_fn = heatmap_loss("mse")
+    step = compile_step(student, LRP(student, "epsilon_gamma_box"), loss_fn, keras.optimizers.Adam(1e-2))
+
+    x = tf.constant(digits_image)
+    losses = []
+    for i in range(30):
+        result = step(x, label, target)
+        losses.append(float(result["loss"]))
+        if i == 0:
+            assert len(result["gradients"]) == len(student.trainable_variables) == 6
+            assert np.all(result["grad_norms"].numpy() > 0)
+            assert np.all(result["zero_fractions"].numpy() < 1)
+            for gradient in result["gradients"]:
+                assert np.all(np.isfinite(gradient.numpy()))
+    assert all(math.isfinite(value) for value in losses)
+    assert losses[-1] < 0.5 * losses[0], losses
+    # The weights were updated in place: the student's heatmap now is close to the target too.
+    current = LRP(student, "epsilon_gamma_box")(x, label)
+    assert float(loss_fn(current, target)) < 0.5 * losses[0]
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def test_same_seed_and_config_give_identical_metrics(default_run, tmp_path, cache_dir):
+    _, first = default_run
+    again = run(train_config(tmp_path / "again", cache_dir))
+    other_seed = run(train_config(tmp_path / "seed1", cache_dir, "trainer.seed=1"))
+    for key in ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy"):
+        assert again[key] == first[key], key
+    # The seed does reach the student: another seed is another run.
+    assert other_seed["cosine"] != first["cosine"] and other_seed["loss"] != first["loss"]
+
+
+def test_reference_init_starts_at_the_target(tmp_path, cache_dir):
+    cfg = train_config(tmp_path, cache_dir, "init=reference", "target=digit7")
+    digits = load_dataset("digits")
+    models = build_models(cfg, digits)
+    target = make_target(cfg, digits, models.reference)
+    initial = explainer_for(models.student, cfg)(target.image, target.label).numpy()
+    np.testing.assert_array_equal(initial, target.heatmap)
+    # A random student does not start there (so the check above can fail).
+    random_cfg = train_config(tmp_path, cache_dir, "init=random", "target=digit7")
+    random_student = build_models(random_cfg, digits).student
+    random_initial = explainer_for(random_student, random_cfg)(target.image, target.label).numpy()
+    assert similarity_numpy(random_initial, target.heatmap)["cosine"] < 0.99
+
+    # Nothing to learn: the doctor finds the zero residual and the run stops before step 1
+    # (the compiled step's rounding noise would otherwise be amplified by Adam).
+    with pytest.raises(GradientsVanished) as stop:
+        run(train_config(tmp_path / "run", cache_dir, "init=reference", "target=digit7"))
+    assert stop.value.step == 0 and [f.code for f in stop.value.findings] == ["zero-residual"]
+    written = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert written["steps"] == 0 and written["cosine"] == pytest.approx(1.0, abs=1e-6)
+
+
+def logged_target_rgb(output_dir) -> np.ndarray:
+    """The first ``heatmap/target`` image in the run's TensorBoard events, decoded."""
+    _, _, png = tf.make_ndarray(events(output_dir).Tensors("heatmap/target")[0].tensor_proto)
+    return tf.io.decode_png(png).numpy()
+
+
+def test_pattern_target_runs(tmp_path, cache_dir):
+    metrics = run(train_config(tmp_path, cache_dir, "target=pattern", "target.pattern=cross"))
+    assert "cross pattern" in metrics["target"]
+    assert all(math.isfinite(metrics[key]) for key in SIMILARITIES)
+    # The target the run matched is the cross, not the reference's heatmap.
+    np.testing.assert_array_equal(logged_target_rgb(tmp_path), diverging_rgb(pattern_map("cross")))
+
+
+def test_file_target_runs(tmp_path, cache_dir):
+    path = tmp_path / "target.npy"
+    heatmap = 0.01 * pattern_map("frame")[..., 0] - 0.002 * pattern_map("square")[..., 0]  # signed, [28, 28]
+    np.save(path, heatmap)
+    out = tmp_path / "out"
+    metrics = run(train_config(out, cache_dir, "target=file", f"target.path={path}"))
+    assert str(path) in metrics["target"]
+    assert all(math.isfinite(metrics[key]) for key in SIMILARITIES)
+    np.testing.assert_array_equal(logged_target_rgb(out), diverging_rgb(heatmap))
+
+
+def test_cnn_model_runs(tmp_path, cache_dir):
+    metrics = run(train_config(tmp_path, cache_dir, "model=cnn", "model.filters=[4,8]", "trainer.steps=2"))
+    assert metrics["steps"] == 2 and math.isfinite(metrics["loss"])
+    student = keras.saving.load_model(tmp_path / "student.keras", safe_mode=True)
+    assert [layer.filters for layer in student.layers if isinstance(layer, keras.layers.Conv2D)] == [4, 8]
+    tags = set(events(tmp_path).Tags()["tensors"])
+    assert {f"grad_norm/{variable_tag(v)}" for v in student.trainable_variables} <= tags
+
+
+def test_model_file_runs(tmp_path, cache_dir):
+    path = tmp_path / "user.keras"
+    build_model(Architecture("mlp", hidden=(12,)), seed=5).save(path)
+    out = tmp_path / "out"
+    metrics = run(train_config(out, cache_dir, "model=file", f"model.path={path}", "trainer.steps=2"))
+    assert math.isfinite(metrics["cosine"])
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    assert [layer.units for layer in student.layers if isinstance(layer, keras.layers.Dense)] == [12, 10]
+
+
+@pytest.mark.parametrize("loss", ["l1", "mse", "huber"])
+def test_each_loss_improves_cosine(tmp_path, cache_dir, loss):
+    metrics = run(train_config(tmp_path, cache_dir, f"loss={loss}", "trainer.steps=40", "trainer.log_every=40"))
+    (first_step, initial), *_ = scalar_series(events(tmp_path), "similarity/cosine")
+    assert first_step == 1
+    assert metrics["cosine"] > initial + 0.1, (initial, metrics["cosine"])
