@@ -68,7 +68,9 @@ def dataset_targets(
     if kind not in KINDS:
         raise ValueError(f"Unknown dataset target {kind!r}; expected one of {list(KINDS)}.")
     chosen = np.ones(len(labels), bool) if classes is None else np.isin(labels, classes)
-    totals = reference_heatmaps.reshape(len(labels), -1).sum(axis=1)[:, None, None, None]
+    # The size of the explained score, never its sign: a negative total (a true-class logit
+    # below 0) would otherwise flip a pattern or a swapped map into "evidence against".
+    totals = np.abs(reference_heatmaps.reshape(len(labels), -1).sum(axis=1))[:, None, None, None]
     targets = reference_heatmaps.copy()
     if kind == "pattern":
         shape = reference_heatmaps.shape[1:]
