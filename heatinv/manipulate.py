@@ -172,7 +172,7 @@ def run_dataset(cfg, dataset, reference, reference_accuracy: float, student, exp
             "manipulated_test_images": int(test_chosen.sum()),
             "target": f"{t.kind} ({'all classes' if classes is None else 'classes ' + str(classes)})",
         }
-        summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.basename(os.path.normpath(out)))
+        summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.relpath(out, cfg.paths.root))
     write_outputs(metrics, student, grid(rows))
     return metrics
 

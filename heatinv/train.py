@@ -201,7 +201,7 @@ def run(cfg) -> dict:
             summaries.histograms(steps, variables, result["gradients"])
             progress.update(steps, [("loss", final_loss), ("cosine", scores["cosine"])])
         summaries.heatmaps(steps, target.image, target.heatmap, final_map)
-        summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.basename(os.path.normpath(out)))
+        summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.relpath(out, cfg.paths.root))
 
     write_outputs(out, metrics, student, target, initial, final_map)
     write_json(os.path.join(out, "doctor.json"), [finding.as_dict() for finding in findings])
@@ -263,12 +263,24 @@ def _hydra_main(cfg: DictConfig) -> float:
     except GradientsVanished as stop:
         when = "before the first update" if stop.step == 0 else f"at step {stop.step}"
         print(f"heatinv: stopped {when}.\n{stop}", file=sys.stderr, flush=True)
+        if _in_sweep():
+            raise  # Hydra records the job as failed and the sweep's other jobs go on
         sys.exit(3)
     except (ConfigError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"heatinv: {error}", file=sys.stderr, flush=True)
+        if _in_sweep():
+            raise
         sys.exit(2)
+
+
+def _in_sweep() -> bool:
+    """Whether this job runs in a multirun, where exiting would end the sweep's other jobs."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def main() -> None:

@@ -1,0 +1,471 @@
+"""Sweeps on real engines: the joblib, Ray and submitit launchers, the Optuna sweeper, failures, HParams.
+
+The `slow` tests run `python -m heatinv.train` in a subprocess, as a user does, with tiny
+settings (3 steps, a 784-16-8-10 MLP whose reference trained for one epoch) from a scratch
+working directory: a 2-job sweep with each launcher, a 3-trial Optuna search, a joblib sweep
+in which one job fails, and TensorBoard serving a sweep directory on 127.0.0.1 to show that
+the HParams dashboard has one row per job with its overrides and final metrics.
+
+Each launcher and the sweeper are optional extras (`pip install -e ".[test]"` installs them
+all); a test whose extra is missing is skipped and says which one to install. The fast tests
+check `heatinv.callbacks` on a hand-made sweep directory and the shipped launcher configs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
+from heatinv.config import register
+
+SHRINK = ("trainer.steps=3", "trainer.log_every=1", "model.hidden=[16,8]", "model.reference_epochs=1")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
+FINAL = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
+
+
+def need(module: str, extra: str):
+    """Skip unless ``module`` imports: it comes with ``pip install -e ".[<extra>]"``."""
+    return pytest.importorskip(module, reason=f'needs the "{extra}" extra: pip install -e ".[{extra}]"')
+
+
+# --------------------------------------------------------------------------- running sweeps
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    """A reference-model cache, trained once here: no sweep spends its time training it (with a
+    cold cache, every parallel job of a sweep would train the same reference)."""
+    from heatinv.data import load_dataset
+    from heatinv.models import reference_model
+    from heatinv.train import architecture
+
+    cache = str(tmp_path_factory.mktemp("cache"))
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            cfg = compose("train", overrides=[*SHRINK, "paths.root=/unused", "paths.output_dir=/unused"])
+    finally:
+        GlobalHydra.instance().clear()
+    dataset = load_dataset(cfg.data.name, cfg.data.path)
+    reference_model(architecture(cfg), dataset, cfg.model.reference_epochs, cache, seed=0)
+    return cache
+
+
+def heatinv_sweep(cwd, cache: str, *args: str, env=None, timeout: int = 240) -> tuple[subprocess.CompletedProcess, str]:
+    """``python -m heatinv.train <args>`` (tiny settings) in ``cwd``; returns it and the sweep dir."""
+    sweep_dir = os.path.join(str(cwd), "sweep")
+    command = [sys.executable, "-m", "heatinv.train", *args, *SHRINK]
+    result = subprocess.run(
+        [*command, f"paths.cache_dir={cache}", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=cwd,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result, sweep_dir
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    """The end of a command's output, for assertion messages."""
+    return (result.stdout + result.stderr)[-4000:]
+
+
+def override(job: dict, key: str) -> str:
+    """The value a summary's job got for ``key`` on the command line."""
+    (value,) = [item.split("=", 1)[1] for item in job["overrides"] if item.split("=", 1)[0] == key]
+    return value
+
+
+def read_summary(sweep_dir: str) -> dict:
+    with open(os.path.join(sweep_dir, SUMMARY_NAME)) as f:
+        return json.load(f)
+
+
+def check_jobs(result: subprocess.CompletedProcess, sweep_dir: str, count: int) -> dict:
+    """Exit code 0; every job's metrics.json; a summary listing every job as ok with its metrics."""
+    assert result.returncode == 0, output(result)
+    summary = read_summary(sweep_dir)
+    assert summary["finished"] and summary["failed"] == [], summary
+    assert [job["num"] for job in summary["jobs"]] == list(range(count))
+    for job in summary["jobs"]:
+        with open(os.path.join(sweep_dir, str(job["num"]), "metrics.json")) as f:
+            metrics = json.load(f)
+        assert metrics["steps"] == 3
+        assert all(math.isfinite(metrics[key]) for key in FINAL)
+        assert job["status"] == "ok" and job["error"] is None
+        assert job["metrics"]["cosine"] == metrics["cosine"]
+        with open(os.path.join(sweep_dir, job["dir"], ".hydra", "overrides.yaml")) as f:
+            assert job["overrides"] == yaml.safe_load(f)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def joblib_sweep(tmp_path_factory, cache_dir):
+    need("hydra_plugins.hydra_joblib_launcher", "joblib")
+    cwd = tmp_path_factory.mktemp("joblib")
+    return heatinv_sweep(cwd, cache_dir, "-m", "loss=l1,mse", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+
+
+@pytest.mark.slow
+def test_joblib_sweep(joblib_sweep):
+    result, sweep_dir = joblib_sweep
+    summary = check_jobs(result, sweep_dir, 2)
+    assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr  # the joblib launcher ran the jobs
+    assert [override(job, "loss") for job in summary["jobs"]] == ["l1", "mse"]
+
+
+@pytest.mark.slow
+def test_ray_local_sweep(tmp_path, cache_dir):
+    need("hydra_plugins.hydra_ray_launcher", "ray")
+    need("ray", "ray")
+    home = tmp_path / "home"
+    home.mkdir()
+    # Ray's socket paths must stay under 107 bytes: a short temp dir, not one under tmp_path.
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        result, sweep_dir = heatinv_sweep(
+            tmp_path,
+            cache_dir,
+            "-m",
+            "loss=l1,mse",
+            "hydra/launcher=ray_local",
+            f"hydra.launcher.ray.init._temp_dir={ray_tmp}",
+            env={**ENV, "HOME": str(home)},
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    check_jobs(result, sweep_dir, 2)
+    assert "Ray Launcher is launching 2 jobs" in result.stdout + result.stderr
+    assert re.search(r"\(_run_job pid=\d+\)", result.stdout + result.stderr)  # output of a Ray worker
+    assert not (home / ".ray").exists(), "Ray wrote into the home directory (RAY_AUTH_MODE not applied?)"
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep(tmp_path, cache_dir):
+    need("hydra_plugins.hydra_submitit_launcher", "slurm")
+    result, sweep_dir = heatinv_sweep(tmp_path, cache_dir, "-m", "loss=l1,mse", "hydra/launcher=submitit_local")
+    check_jobs(result, sweep_dir, 2)
+    submitted = [d for d in os.listdir(os.path.join(sweep_dir, ".submitit")) if d != "%j"]
+    assert len(submitted) == 2, submitted  # one submitit job per sweep job
+
+
+@pytest.mark.slow
+def test_optuna_search(tmp_path, cache_dir):
+    need("hydra_plugins.hydra_optuna_sweeper", "optuna")
+    optuna = need("optuna", "optuna")
+    # No -m: hparams_search=optuna switches to MULTIRUN itself.
+    result, sweep_dir = heatinv_sweep(tmp_path, cache_dir, "hparams_search=optuna", "hydra.sweeper.n_trials=3")
+    summary = check_jobs(result, sweep_dir, 3)
+    study = optuna.load_study(study_name="heatinv", storage=f"sqlite:///{os.path.join(sweep_dir, 'optuna.db')}")
+    trials = sorted(study.trials, key=lambda trial: trial.number)
+    assert [trial.state for trial in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    for trial, job in zip(trials, summary["jobs"]):
+        assert trial.value == pytest.approx(job["metrics"]["objective"])  # minimized: 1 - cosine
+        assert trial.params["loss"] in ("l1", "mse", "huber")
+        assert 1e-4 <= trial.params["optimizer.lr"] <= 3e-2
+        assert 1e-9 <= trial.params["lrp.epsilon"] <= 1e-3
+        assert 0.01 <= trial.params["loss.delta"] <= 0.5
+        assert f"loss={trial.params['loss']}" in job["overrides"]
+    with open(os.path.join(sweep_dir, "optimization_results.yaml")) as f:
+        assert yaml.safe_load(f)["best_value"] == pytest.approx(study.best_value)
+    assert summary["best"]["objective"] == pytest.approx(study.best_value)
+
+
+@pytest.mark.slow
+def test_a_failed_job_keeps_the_others_and_is_reported(tmp_path, cache_dir):
+    need("hydra_plugins.hydra_joblib_launcher", "joblib")
+    # Job 0 asks for the 10000th test image of a 7 (there are 45); job 1 is fine. Under joblib
+    # both run at once: job 0's failure must neither stop nor lose job 1.
+    result, sweep_dir = heatinv_sweep(
+        tmp_path, cache_dir, "-m", "target.index=9999,0", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"
+    )
+    assert result.returncode != 0, "a sweep with a failed job must not exit 0"
+    summary = read_summary(sweep_dir)
+    failed, ok = summary["jobs"]
+    assert summary["failed"] == [0] and summary["ok"] == 1 and not summary["finished"]
+    assert failed["status"] == "failed" and "target.index=9999" in failed["overrides"]
+    assert "index=9999" in failed["error"] and failed["metrics"] is None, failed
+    assert ok["status"] == "ok" and ok["error"] is None
+    with open(os.path.join(sweep_dir, "1", "metrics.json")) as f:
+        assert json.load(f)["cosine"] == ok["metrics"]["cosine"]
+    assert not os.path.exists(os.path.join(sweep_dir, "0", "metrics.json"))
+    assert "failed: #0 (ValueError" in result.stdout  # the sweep's last line says which job and why
+
+
+# --------------------------------------------------------------------------- the HParams dashboard
+def post_json(url: str, body: dict, timeout: float = 10) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never a proxy
+    with opener.open(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+class TensorBoard:
+    """``tensorboard --logdir <dir>`` on 127.0.0.1 and a free port, for at most ``deadline`` seconds."""
+
+    def __init__(self, logdir: str, deadline: float = 90):
+        self.deadline = time.monotonic() + deadline
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "tensorboard.main", "--logdir", logdir),
+                *("--host", "127.0.0.1", "--port", "0", "--load_fast", "false", "--reload_interval", "1"),
+            ],
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.url = None
+        self._lines: list[str] = []
+        found = threading.Event()
+
+        def read() -> None:
+            for line in self.process.stderr:
+                self._lines.append(line)
+                match = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
+                if match and self.url is None:
+                    self.url = match.group(1)
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(max(0.0, self.deadline - time.monotonic())):
+            self.close()
+            raise AssertionError("tensorboard did not start:\n" + "".join(self._lines[-20:]))
+
+    def hparams(self, endpoint: str, body: dict) -> dict:
+        return post_json(f"{self.url}/data/plugin/hparams/{endpoint}", {"experimentName": "", **body})
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+SESSION_GROUPS = {
+    "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+    "colParams": [],
+    "startIndex": 0,
+    "sliceSize": 100,
+}
+
+
+@pytest.mark.slow
+def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
+    result, sweep_dir = joblib_sweep
+    assert result.returncode == 0, output(result)
+    summary = read_summary(sweep_dir)
+    board = TensorBoard(sweep_dir)
+    try:
+        groups = []
+        while time.monotonic() < board.deadline:  # TensorBoard loads the event files in the background
+            groups = board.hparams("session_groups", SESSION_GROUPS)["sessionGroups"]
+            if len(groups) == len(summary["jobs"]) and all(len(g["metricValues"]) == len(FINAL) for g in groups):
+                break
+            time.sleep(1)
+        experiment = board.hparams("experiment", {})
+    finally:
+        board.close()
+
+    # Columns: the swept keys (every key of the `loss` group, the shrink overrides), final metrics.
+    columns = {info["name"]: info for info in experiment["hparamInfos"]}
+    assert {"loss.name", "loss.delta", "loss.normalize", "trainer.steps", "model.hidden"} <= set(columns)
+    assert "lrp.gamma" not in columns  # not swept: no column
+    assert columns["loss.name"]["differs"] and not columns["trainer.steps"]["differs"]
+    assert sorted(m["name"]["tag"] for m in experiment["metricInfos"]) == sorted(f"final/{m}" for m in FINAL)
+
+    # Rows: one per job, its overrides' values and its metrics.json.
+    assert len(groups) == len(summary["jobs"]), groups
+    rows = {group["hparams"]["loss.name"]: group for group in groups}
+    for job in summary["jobs"]:
+        row = rows[override(job, "loss")]
+        assert row["hparams"]["trainer.steps"] == 3 and row["hparams"]["model.hidden"] == "[16, 8]"
+        values = {m["name"]["tag"]: m["value"] for m in row["metricValues"]}
+        for name in FINAL:
+            assert values[f"final/{name}"] == pytest.approx(job["metrics"][name], rel=1e-6), name
+
+
+# --------------------------------------------------------------------------- fast: the callbacks
+def make_job(sweep_dir, num: int, overrides: list[str], config: dict, metrics=None, log: str = "") -> str:
+    """A job directory as Hydra and heatinv leave it."""
+    job = sweep_dir / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num, "name": "train"}}}))
+    (job / "train.log").write_text(log)
+    if metrics is not None:
+        (job / "metrics.json").write_text(json.dumps(metrics))
+        (job / "tensorboard").mkdir()
+    return str(job)
+
+
+def job_config(loss: str) -> dict:
+    return {
+        "loss": {"name": loss, "delta": 0.1, "normalize": "none"},
+        "lrp": {"gamma": 0.25},
+        "model": {"hidden": [16, 8]},
+        "paths": {"output_dir": "/somewhere"},
+    }
+
+
+def metrics_for(cosine: float) -> dict:
+    return {**{name: 0.5 for name in FINAL}, "cosine": cosine, "objective": 1 - cosine, "steps": 3, "diagnosis": []}
+
+
+def test_sweep_summary_lists_each_job_and_writes_the_hparams_experiment(tmp_path):
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    sweep = tmp_path / "sweep"
+    make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))
+    make_job(sweep, 1, ["loss=mse"], job_config("mse"), metrics_for(0.95))
+    failure = (
+        f"[2026-01-01 00:00:00,000][heatinv.callbacks][ERROR] - {FAILED_MARK}ValueError: index=9999 is out of range\n"
+        "Traceback (most recent call last):\n  File ...\nValueError: index=9999 is out of range\n"
+    )
+    make_job(sweep, 2, ["loss=huber"], job_config("huber"), log=failure)
+    make_job(sweep, 3, ["loss=l1", "trainer.seed=1"], job_config("l1"))  # died without a word
+
+    callback = SweepSummary()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+
+    summary = read_summary(str(sweep))
+    assert summary["finished"] and summary["ok"] == 2 and summary["failed"] == [2, 3]
+    assert summary["best"] == {"num": 1, "dir": "1", "objective": pytest.approx(0.05)}
+    jobs = summary["jobs"]
+    assert [job["status"] for job in jobs] == ["ok", "ok", "failed", "failed"]
+    assert jobs[0]["overrides"] == ["loss=l1"] and jobs[0]["metrics"]["cosine"] == 0.9
+    assert "diagnosis" not in jobs[0]["metrics"]  # lists stay in metrics.json
+    assert jobs[2]["error"] == "ValueError: index=9999 is out of range"
+    assert "no metrics.json" in jobs[3]["error"] and jobs[3]["metrics"] is None
+
+    accumulator = EventAccumulator(str(sweep), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG]
+    experiment = metadata.parse_experiment_plugin_data(content)
+    infos = {info.name: info for info in experiment.hparam_infos}
+    # Jobs with a TensorBoard run only (0 and 1); their `loss` group keys; not paths, not lrp.
+    assert set(infos) == {"loss.name", "loss.delta", "loss.normalize"}
+    assert list(infos["loss.name"].domain_discrete.values) and infos["loss.name"].differs
+    assert not infos["loss.delta"].differs
+    assert [m.name.tag for m in experiment.metric_infos] == [f"final/{name}" for name in FINAL]
+
+    callback.on_multirun_end(config)  # written again: still one experiment file
+    assert len([f for f in os.listdir(sweep) if f.startswith("events.out.tfevents")]) == 1
+
+
+def test_summary_metrics_are_the_ones_each_run_logs():
+    from heatinv import callbacks, summaries
+
+    assert callbacks.FINAL_METRICS == summaries.FINAL_METRICS == FINAL
+
+
+def test_failed_job_is_logged_where_it_ran(tmp_path):
+    log_path = tmp_path / "train.log"
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        try:
+            raise ValueError("target.index=9999 is out of range\nsecond line")
+        except ValueError as error:
+            failed = JobReturn(status=JobStatus.FAILED, _return_value=error)
+        SweepSummary().on_job_end(OmegaConf.create({}), failed)
+        SweepSummary().on_job_end(OmegaConf.create({}), JobReturn(status=JobStatus.COMPLETED, _return_value=0.1))
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+    assert failure_from_log(str(log_path)) == "ValueError: target.index=9999 is out of range\nsecond line"
+    assert "Traceback" in log_path.read_text()  # the traceback stays in the job's log
+
+
+def test_env_defaults_keep_what_the_user_set(monkeypatch):
+    monkeypatch.delenv("HEATINV_TEST_A", raising=False)
+    monkeypatch.setenv("HEATINV_TEST_B", "mine")
+    EnvDefaults({"HEATINV_TEST_A": "disabled", "HEATINV_TEST_B": "theirs"}).on_multirun_start(OmegaConf.create({}))
+    assert os.environ["HEATINV_TEST_A"] == "disabled" and os.environ["HEATINV_TEST_B"] == "mine"
+
+
+# --------------------------------------------------------------------------- fast: the configs
+@pytest.fixture
+def compose_hydra(tmp_path, monkeypatch):
+    """``compose_hydra(*overrides)``: the ``hydra`` node of the composed ``train`` config."""
+    monkeypatch.chdir(tmp_path)
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+        yield lambda *overrides: compose("train", overrides=list(overrides), return_hydra_config=True).hydra
+    GlobalHydra.instance().clear()
+
+
+def test_every_sweep_has_the_summary_callback(compose_hydra):
+    assert compose_hydra().callbacks.sweep_summary._target_ == "heatinv.callbacks.SweepSummary"
+
+
+def test_ray_local_config(compose_hydra):
+    need("hydra_plugins.hydra_ray_launcher", "ray")
+    hydra = compose_hydra("hydra/launcher=ray_local")
+    assert hydra.launcher._target_.endswith("RayLauncher")
+    assert OmegaConf.to_container(hydra.launcher.ray.init) == {
+        "address": None,
+        "num_cpus": 2,
+        "include_dashboard": False,
+        "_temp_dir": None,
+    }
+    assert hydra.callbacks.ray_env.env.RAY_AUTH_MODE == "disabled"
+    assert "sweep_summary" in hydra.callbacks
+
+
+def test_ray_cluster_config_passes_nothing_a_connection_refuses(compose_hydra):
+    need("hydra_plugins.hydra_ray_launcher", "ray")
+    init = compose_hydra("hydra/launcher=ray_cluster").launcher.ray.init
+    assert init.address == "auto"
+    assert "object_store_memory" in init and init.object_store_memory is None  # keeps the plugin's default out
+    assert not {"num_cpus", "include_dashboard", "_temp_dir"} & set(init)
+
+
+def test_slurm_config(compose_hydra):
+    need("hydra_plugins.hydra_submitit_launcher", "slurm")
+    launcher = compose_hydra("hydra/launcher=slurm", "hydra.sweep.dir=/shared/sweep").launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.timeout_min == 60 and launcher.partition is None and launcher.cpus_per_task == 2
+    assert launcher.submitit_folder == "/shared/sweep/.submitit/%j"
+
+
+def test_optuna_search_config(compose_hydra):
+    need("hydra_plugins.hydra_optuna_sweeper", "optuna")
+    hydra = compose_hydra("hparams_search=optuna", "hydra.sweep.dir=/tmp/some-sweep")
+    sweeper = hydra.sweeper
+    assert hydra.mode.name == "MULTIRUN"
+    assert sweeper._target_.endswith("OptunaSweeper")
+    assert str(sweeper.direction).endswith("minimize") and sweeper.n_trials == 10
+    assert sweeper.storage == "sqlite:////tmp/some-sweep/optuna.db"
+    assert dict(sweeper.params) == {
+        "optimizer.lr": "tag(log, interval(1e-4, 3e-2))",
+        "loss": "choice(l1, mse, huber)",
+        "lrp.epsilon": "tag(log, interval(1e-9, 1e-3))",
+        "loss.delta": "interval(0.01, 0.5)",
+    }
