@@ -96,6 +96,10 @@ class TrainerConfig:
     seed: int = 0
     jit_compile: bool = False
     precision: str = "float32"  # float32 | float64
+    checkpoint_every: int = 100  # steps between checkpoints (0: none)
+    resume: bool = False  # continue the run in hydra.run.dir from its last checkpoint
+    overwrite: bool = False  # replace the results already in hydra.run.dir
+    max_nonfinite: int = 10  # stop after this many steps in a row with NaN/Inf loss or gradients
 
 
 @dataclass
@@ -168,6 +172,9 @@ def validate(cfg) -> None:
         value = _get(cfg, key)
         if not value > 0:
             raise ConfigError(f"Config value {key}={value!r} must be > 0.")
+    for key in ("trainer.checkpoint_every", "trainer.max_nonfinite"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
     if not 0 <= cfg.target.digit <= 9:
         raise ConfigError(f"Config value target.digit={cfg.target.digit!r} must be a digit 0-9.")
     single_kinds, dataset_kinds = ("digit", "file", "pattern"), ("pattern", "swap", "suppress")
