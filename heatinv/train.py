@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
+from heatinv.checkpoints import Checkpointer, RunDirectoryError, RunInterrupted, StopRequests, guard_run_directory
 from heatinv.config import ConfigError, register, validate
 from heatinv.data import load_dataset
 from heatinv.doctor import Finding, HeatmapObjective, diagnose, format_report
@@ -107,6 +108,7 @@ def run(cfg) -> dict:
     validate(cfg)
     out = cfg.paths.output_dir
     os.makedirs(out, exist_ok=True)
+    guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     keras.backend.clear_session()  # Hydra's basic launcher runs a sweep's jobs in one process
     keras.utils.set_random_seed(cfg.trainer.seed)
 
@@ -151,6 +153,10 @@ def run(cfg) -> dict:
         # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
         # blow up into full-size steps: stop before the first update instead.
         stopped = steps = 0
+    checkpointer = Checkpointer(out, student, optimizer, cfg.trainer.checkpoint_every)
+    done = checkpointer.restore() if cfg.trainer.resume else 0
+    if done:
+        print(f"heatinv: resuming {out} after step {done} of {steps}", flush=True)
     variables = student.trainable_variables
     progress = keras.utils.Progbar(steps, stateful_metrics=["loss", "cosine"], verbose=1 if sys.stdout.isatty() else 2)
     result = None
@@ -159,25 +165,30 @@ def run(cfg) -> dict:
         summaries.text("target", target.source)
         summaries.text("diagnosis", format_report(findings, "before the first update"))
         seconds = 0.0
-        for i in range(1, steps + 1):
-            started = time.perf_counter()
-            result = step(x, label, target_map)
-            loss = float(result["loss"])  # the step's only host read; needed for the progress bar
-            seconds += time.perf_counter() - started
-            if _vanished(result):
-                findings = diagnose(student, target.image, target.label, objective, cfg.trainer.precision)
-                summaries.text("diagnosis", format_report(findings, f"step {i}"), step=i)
-                stopped = i
-                steps = i
-                break
-            # The last step's values are logged after the loop, from the final weights.
-            if i < steps and (i == 1 or i % log_every == 0):
-                scores = similarity_numpy(result["heatmap"], target_map)
-                summaries.scalars(i, {"loss": loss, **{f"similarity/{k}": v for k, v in scores.items()}})
-                summaries.gradients(i, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
-                summaries.histograms(i, variables, result["gradients"])
-                summaries.heatmaps(i, target.image, target.heatmap, result["heatmap"].numpy())
-                progress.update(i, [("loss", loss), ("cosine", scores["cosine"])])
+        with StopRequests() as requests:
+            for i in range(done + 1, steps + 1):
+                if requests.signal is not None:
+                    # Between steps: the weights hold exactly the updates of steps 1..i-1.
+                    raise RunInterrupted(out, i - 1, checkpointer.save(i - 1), requests.signal)
+                started = time.perf_counter()
+                result = step(x, label, target_map)
+                loss = float(result["loss"])  # the step's only host read; needed for the progress bar
+                seconds += time.perf_counter() - started
+                if _vanished(result):
+                    findings = diagnose(student, target.image, target.label, objective, cfg.trainer.precision)
+                    summaries.text("diagnosis", format_report(findings, f"step {i}"), step=i)
+                    stopped = i
+                    steps = i
+                    break
+                checkpointer.maybe_save(i)
+                # The last step's values are logged after the loop, from the final weights.
+                if i < steps and (i == 1 or i % log_every == 0):
+                    scores = similarity_numpy(result["heatmap"], target_map)
+                    summaries.scalars(i, {"loss": loss, **{f"similarity/{k}": v for k, v in scores.items()}})
+                    summaries.gradients(i, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
+                    summaries.histograms(i, variables, result["gradients"])
+                    summaries.heatmaps(i, target.image, target.heatmap, result["heatmap"].numpy())
+                    progress.update(i, [("loss", loss), ("cosine", scores["cosine"])])
 
         final_map = explainer(x, label).numpy()
         final_loss = float(loss_fn(tf.constant(final_map), target_map))
@@ -260,13 +271,16 @@ def write_run_files(out: str, metrics: dict, student: keras.Model, heatmaps_rgb:
 def _hydra_main(cfg: DictConfig) -> float:
     try:
         return run(cfg)["objective"]
+    except RunInterrupted as interrupted:
+        print(f"heatinv: {interrupted}", file=sys.stderr, flush=True)
+        sys.exit(128 + interrupted.signum)
     except GradientsVanished as stop:
         when = "before the first update" if stop.step == 0 else f"at step {stop.step}"
         print(f"heatinv: stopped {when}.\n{stop}", file=sys.stderr, flush=True)
         if _in_sweep():
             raise  # Hydra records the job as failed and the sweep's other jobs go on
         sys.exit(3)
-    except (ConfigError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
+    except (ConfigError, RunDirectoryError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"heatinv: {error}", file=sys.stderr, flush=True)
