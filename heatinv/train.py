@@ -72,6 +72,7 @@ def build_models(cfg, dataset) -> Models:
     """The reference (trained, cached; or the user's file) and the student to optimize."""
     if cfg.model.name == "file":
         reference = load_model_file(cfg.model.path)
+        check_model_fits(reference, dataset, cfg.model.path)
         reference_acc = accuracy(reference, dataset.x_test, dataset.y_test)
         student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
     else:
@@ -82,6 +83,19 @@ def build_models(cfg, dataset) -> Models:
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
     return Models(reference, reference_acc, student)
+
+
+def check_model_fits(model: keras.Model, dataset, path: str) -> None:
+    """A user's model must take the dataset's images and score its classes."""
+    expected_in = (None,) + tuple(dataset.x_test.shape[1:])
+    given_in = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
+    given_out = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
+    if given_in != expected_in or given_out is None or given_out[-1] != dataset.num_classes:
+        raise ValueError(
+            f"Model file {path} (model.path) takes inputs of shape {given_in} and gives outputs of shape "
+            f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs. "
+            "Rebuild the model for 28x28x1 images and 10 classes (a Flatten layer first for an MLP)."
+        )
 
 
 def make_target(cfg, dataset, reference: keras.Model) -> Target:

@@ -1,0 +1,162 @@
+"""Bad input gets one clear paragraph (what, where, the fix), a non-zero exit, and no results written.
+
+In-process tests check each message; subprocess tests check the command line's exit code,
+that no Python traceback is shown, and that no ``metrics.json`` is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from heatinv.config import ConfigError, register
+from heatinv.lrp import UnsupportedLayerError
+from heatinv.train import run
+
+SMALL = ["model.hidden=[16,8]", "model.reference_epochs=1", "trainer.steps=2", "trainer.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def config(tmp_path, cache):
+    register()
+    GlobalHydra.instance().clear()
+
+    def make(*overrides: str):
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            return compose(
+                "train",
+                overrides=[*SMALL, f"paths.output_dir={tmp_path / 'run'}", f"paths.cache_dir={cache}",
+                           f"paths.root={tmp_path}", *overrides],
+            )
+
+    yield make
+    GlobalHydra.instance().clear()
+
+
+def expect(error_type, cfg, *fragments: str, out: Path | None = None) -> str:
+    with pytest.raises(error_type) as caught:
+        run(cfg)
+    message = str(caught.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert "\n" not in message.strip(), "one paragraph"
+    if out is not None:
+        assert not (out / "metrics.json").exists()
+    return message
+
+
+def test_missing_target_file(config, tmp_path):
+    expect(FileNotFoundError, config("target=file", f"target.path={tmp_path}/nope.npy"), "nope.npy", "target.path",
+           out=tmp_path / "run")
+
+
+def test_missing_model_file(config, tmp_path):
+    expect(FileNotFoundError, config("model=file", f"model.path={tmp_path}/nope.keras"), "nope.keras", "model.path")
+
+
+def test_missing_mnist_file_says_where_to_put_it(config, tmp_path):
+    message = expect(FileNotFoundError, config("data=mnist", f"data.path={tmp_path}/mnist.npz"), "mnist.npz")
+    assert "data=digits" in message or "data.path" in message
+
+
+def test_target_with_the_wrong_shape(config, tmp_path):
+    np.save(tmp_path / "t.npy", np.ones((10, 10), "float32"))
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.npy"), "t.npy", "(10, 10)", "(28, 28, 1)")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_target_with_non_finite_values(config, tmp_path, bad):
+    target = np.ones((28, 28), "float32")
+    target[3, 4] = bad
+    np.save(tmp_path / "t.npy", target)
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.npy"), "t.npy")
+
+
+def test_all_zero_target(config, tmp_path):
+    np.save(tmp_path / "t.npy", np.zeros((28, 28), "float32"))
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.npy"), "all zeros", "target.index")
+
+
+def test_png_with_the_wrong_size(config, tmp_path):
+    (tmp_path / "t.png").write_bytes(tf.io.encode_png(np.full((20, 20, 1), 200, np.uint8)).numpy())
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.png"), "t.png", "(28, 28, 1)")
+
+
+def test_png_that_is_not_an_image(config, tmp_path):
+    (tmp_path / "t.png").write_bytes(b"not a png at all")
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.png"), "t.png")
+
+
+def test_npy_holding_objects_is_refused(config, tmp_path):
+    np.save(tmp_path / "t.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.npy"), "t.npy", "pickle")
+
+
+def test_model_with_a_lambda_layer_is_refused_by_safe_mode(config, tmp_path):
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Lambda(lambda v: v * 2),
+                              keras.layers.Dense(10)])
+    model.save(tmp_path / "lambda.keras")
+    expect(ValueError, config("model=file", f"model.path={tmp_path}/lambda.keras"), "lambda.keras", "safe_mode")
+
+
+def test_model_with_an_unsupported_layer(config, tmp_path):
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(8),
+                              keras.layers.LayerNormalization(name="ln"), keras.layers.Dense(10)])
+    model.save(tmp_path / "ln.keras")
+    expect(UnsupportedLayerError, config("model=file", f"model.path={tmp_path}/ln.keras"), "'ln'", "LayerNormalization",
+           "Supported layers")
+
+
+def test_model_file_whose_input_is_not_an_image(config, tmp_path):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(10)])
+    model.save(tmp_path / "five.keras")
+    expect(ValueError, config("model=file", f"model.path={tmp_path}/five.keras"), "five.keras", "(None, 28, 28, 1)")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("trainer.steps=0", "trainer.steps"), ("optimizer.lr=-1", "optimizer.lr"), ("target.digit=12", "target.digit"),
+     ("lrp.low=2", "lrp.low")],
+)
+def test_out_of_range_config_values(config, override, key):
+    expect(ConfigError, config(override), key)
+
+
+def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "heatinv.train", *SMALL, f"hydra.run.dir={tmp_path / 'run'}",
+         f"paths.cache_dir={tmp_path / 'cache'}", *overrides],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["target=file", "target.path=missing.npy"], "missing.npy"),
+        (["trainer.steps=0"], "trainer.steps"),
+        (["model=file", "model.path=missing.keras"], "missing.keras"),
+    ],
+)
+def test_command_line_exits_2_with_the_message_and_no_traceback(tmp_path, overrides, fragment):
+    done = _cli(tmp_path, *overrides)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert fragment in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
