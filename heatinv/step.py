@@ -1,13 +1,35 @@
 """The inverse step: heatmap, loss, gradients, update; plain Python, compiled once.
 
 :func:`train_step` knows nothing of compilation; :func:`compile_step` wraps it in
-``tf.function`` (optionally XLA) exactly once. The step returns tensors only; the loop
-reads them on the host when it logs, so no per-step Python work or host round trip is
-added to the compiled path.
+``tf.function`` (optionally XLA) exactly once, and can run several updates per call
+(``steps_per_execution``, like Keras's ``Model.compile(steps_per_execution=...)``): one
+dispatch, one host read and one set of diagnostics for ``N`` updates.
+
+Where the time of a step goes, and what this module does about it (CPU, the ``mlp`` at
+batch 1; ``python -m heatinv.bench`` measures it):
+
+- dispatch: a ``tf.function`` call costs ~0.2 ms before any op runs, as much as the whole
+  heatmap. ``steps_per_execution`` runs ``N`` updates in one ``tf.while_loop`` and pays it
+  once per ``N`` steps. Under XLA the loop stays in the graph and calls the XLA-compiled
+  update: XLA's own while loop made the cnn's updates ~10x slower on CPU.
+- the optimizer: Keras's Adam is ~12 element-wise ops and ~10 scalar ops per variable,
+  each a graph-executor launch. :func:`apply_gradients` runs the same update as one fused
+  kernel per variable (``ResourceApplyAdam``, ``ResourceApplyKerasMomentum``,
+  ``ResourceApplyGradientDescent``), on the optimizer's own slot variables, whenever the
+  optimizer is a plain Keras Adam or SGD; anything else goes through Keras.
+- diagnostics: the per-variable gradient norms and zero fractions read every gradient
+  once more; with ``steps_per_execution`` they are computed once per call, from the last
+  update's gradients.
+- returned tensors: each output of a ``tf.function`` costs a little at every call; the
+  multi-step loop returns one set per call.
+- the host read of the loss is cheap on CPU (the call is synchronous there), but it forces
+  a sync on an accelerator: read it once per call, which with ``steps_per_execution`` is
+  once per ``N`` steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Callable
 
 import keras
@@ -15,8 +37,43 @@ import tensorflow as tf
 
 from heatinv.losses import HeatmapLoss
 from heatinv.lrp import LRP
+from heatinv.lrp.canonize import Pool
 
 MODES = ("eager", "function", "xla")
+
+
+def update(
+    student: keras.Model,
+    explainer: LRP,
+    loss_fn: HeatmapLoss,
+    optimizer: keras.optimizers.Optimizer,
+    x: tf.Tensor,
+    label: tf.Tensor,
+    target: tf.Tensor,
+) -> dict[str, tf.Tensor | list[tf.Tensor]]:
+    """One update without diagnostics: ``loss``, ``heatmap`` (before the update), ``logits``, ``gradients``."""
+    variables = student.trainable_variables
+    with tf.GradientTape() as tape:
+        explanation = explainer.explain(x, label)
+        loss = loss_fn(explanation.relevance, target)
+    gradients = tape.gradient(loss, variables)
+    # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
+    gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
+    apply_gradients(optimizer, gradients, variables)
+    return {
+        "loss": tf.cast(loss, tf.float32),
+        "heatmap": explanation.relevance,
+        "logits": explanation.logits,
+        "gradients": gradients,
+    }
+
+
+def gradient_stats(gradients: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+    """``grad_norms`` and ``zero_fractions``, float32 ``[variables]``."""
+    return {
+        "grad_norms": tf.stack([tf.norm(tf.cast(g, tf.float32)) for g in gradients]),
+        "zero_fractions": tf.stack([tf.reduce_mean(tf.cast(tf.equal(g, 0), tf.float32)) for g in gradients]),
+    }
 
 
 def train_step(
@@ -40,22 +97,227 @@ def train_step(
         (one per trainable variable, zeros where no path exists), ``grad_norms`` and
         ``zero_fractions`` (``[variables]``).
     """
-    variables = student.trainable_variables
-    with tf.GradientTape() as tape:
-        explanation = explainer.explain(x, label)
-        loss = loss_fn(explanation.relevance, target)
-    gradients = tape.gradient(loss, variables)
-    # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
-    gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-    optimizer.apply_gradients(zip(gradients, variables))
-    return {
-        "loss": tf.cast(loss, tf.float32),
-        "heatmap": explanation.relevance,
-        "logits": explanation.logits,
-        "gradients": gradients,
-        "grad_norms": tf.stack([tf.norm(tf.cast(g, tf.float32)) for g in gradients]),
-        "zero_fractions": tf.stack([tf.reduce_mean(tf.cast(tf.equal(g, 0), tf.float32)) for g in gradients]),
-    }
+    result = update(student, explainer, loss_fn, optimizer, x, label, target)
+    return {**result, **gradient_stats(result["gradients"])}
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def _plain(optimizer: keras.optimizers.Optimizer) -> bool:
+    """True when ``apply_gradients`` would do nothing but the update rule itself."""
+    return (
+        getattr(optimizer, "clipnorm", None) is None
+        and getattr(optimizer, "clipvalue", None) is None
+        and getattr(optimizer, "global_clipnorm", None) is None
+        and getattr(optimizer, "weight_decay", None) is None
+        and not getattr(optimizer, "use_ema", False)
+        and not getattr(optimizer, "gradient_accumulation_steps", None)
+        and getattr(optimizer, "loss_scale_factor", None) is None
+        and not tf.distribute.has_strategy()  # under a strategy Keras all-reduces the gradients
+    )
+
+
+def fused_kind(optimizer: keras.optimizers.Optimizer, variables) -> str | None:
+    """``"adam"``, ``"momentum"`` or ``"sgd"`` when :func:`apply_gradients` can use a fused kernel, else None.
+
+    Only exactly ``keras.optimizers.Adam`` (without AMSGrad) and ``keras.optimizers.SGD``
+    (without Nesterov) qualify, with no clipping, weight decay, EMA, gradient accumulation
+    or loss scaling, built on these variables, none of them with a constraint.
+    """
+    if not _plain(optimizer) or not getattr(optimizer, "built", False):
+        return None
+    try:
+        indices = [optimizer._get_variable_index(v) for v in variables]
+    except (AttributeError, KeyError):
+        return None
+    if any(getattr(v, "constraint", None) is not None for v in variables):
+        return None
+    if any(getattr(v, "overwrite_with_gradient", False) for v in variables):
+        return None
+    if type(optimizer) is keras.optimizers.Adam and not optimizer.amsgrad:
+        slots = (optimizer._momentums, optimizer._velocities)
+        ok = all(s[i].dtype == v.dtype for s in slots for i, v in zip(indices, variables))
+        return "adam" if ok else None
+    if type(optimizer) is keras.optimizers.SGD and not optimizer.nesterov:
+        if optimizer.momentum == 0:
+            return "sgd"
+        ok = all(optimizer.momentums[i].dtype == v.dtype for i, v in zip(indices, variables))
+        return "momentum" if ok else None
+    return None
+
+
+def _handle(variable) -> tf.Tensor:
+    return (variable.value if isinstance(variable, keras.Variable) else variable).handle
+
+
+def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables) -> None:
+    """``optimizer.apply_gradients(zip(gradients, variables))``, as fused kernels when possible.
+
+    For a plain Keras Adam or SGD (see :func:`fused_kind`) each variable is updated by one
+    TensorFlow training kernel on the optimizer's own slot variables, and
+    ``optimizer.iterations`` is advanced, so the optimizer's state is exactly what Keras
+    would hold and the two paths can be mixed. The kernels compute Keras's formulas
+    (Adam's ``epsilon``-hat form, ``m = momentum * m - lr * g``), rounded differently:
+    in float64 the fused Adam is Adam's formula to the last bit, while Keras's own update
+    drifts ~3e-7 from it in 5 steps at lr 0.01 (it rounds some factors in float32); in
+    float32 the two agree to ~3e-7; SGD and momentum agree with Keras to a rounding.
+    Eager, graph and XLA (the kernels have XLA lowerings) run the same path.
+    """
+    kind = fused_kind(optimizer, variables)
+    if kind is None:
+        optimizer.apply_gradients(zip(gradients, variables))
+        return
+    learning_rate = optimizer.learning_rate  # a schedule is evaluated at the current iteration
+    if kind == "adam":
+        powers = {}
+        for gradient, variable in zip(gradients, variables):
+            dtype = variable.dtype
+            if dtype not in powers:  # as Keras computes them, in the variable's dtype
+                step = tf.cast(optimizer.iterations + 1, dtype)
+                powers[dtype] = (
+                    tf.pow(tf.constant(optimizer.beta_1, dtype), step),
+                    tf.pow(tf.constant(optimizer.beta_2, dtype), step),
+                )
+            index = optimizer._get_variable_index(variable)
+            tf.raw_ops.ResourceApplyAdam(
+                var=_handle(variable),
+                m=_handle(optimizer._momentums[index]),
+                v=_handle(optimizer._velocities[index]),
+                beta1_power=powers[dtype][0],
+                beta2_power=powers[dtype][1],
+                lr=tf.cast(learning_rate, dtype),
+                beta1=tf.constant(optimizer.beta_1, dtype),
+                beta2=tf.constant(optimizer.beta_2, dtype),
+                epsilon=tf.constant(optimizer.epsilon, dtype),
+                grad=tf.cast(gradient, dtype),
+            )
+    elif kind == "momentum":
+        for gradient, variable in zip(gradients, variables):
+            dtype = variable.dtype
+            tf.raw_ops.ResourceApplyKerasMomentum(
+                var=_handle(variable),
+                accum=_handle(optimizer.momentums[optimizer._get_variable_index(variable)]),
+                lr=tf.cast(learning_rate, dtype),
+                grad=tf.cast(gradient, dtype),
+                momentum=tf.constant(optimizer.momentum, dtype),
+            )
+    else:
+        for gradient, variable in zip(gradients, variables):
+            dtype = variable.dtype
+            tf.raw_ops.ResourceApplyGradientDescent(
+                var=_handle(variable), alpha=tf.cast(learning_rate, dtype), delta=tf.cast(gradient, dtype)
+            )
+    optimizer.iterations.assign_add(1)
+
+
+# --------------------------------------------------------------------------- compiled step
+
+
+class CompiledStep:
+    """``step(x, label, target, steps=None) -> dict``: ``steps`` updates in one call.
+
+    Built by :func:`compile_step`. ``steps`` defaults to ``steps_per_execution``; any other
+    positive count runs without a retrace (it is passed as a tensor), so a loop can stop
+    exactly at its log steps (see :func:`schedule`). The result has :func:`train_step`'s
+    keys and is the last update's outputs (the diagnostics are computed once per call,
+    from the last gradients); ``N`` updates in one call give the same weights and losses
+    as ``N`` calls of one update.
+
+    In ``xla`` mode with ``xla_loop=False`` the loop is a graph ``tf.while_loop`` whose
+    body calls the XLA-compiled update (one XLA program, compiled once, launched per update
+    from the graph); with ``xla_loop=True`` the loop itself is inside the XLA program.
+    Measured on CPU (``python -m heatinv.bench``): the XLA loop is 10-30 % faster per update
+    for the mlp, but ~10x slower for the cnn (XLA's CPU convolutions inside a while loop).
+    ``xla_loop=None`` (the default) picks the XLA loop for models without convolution or
+    pooling layers.
+
+    Attributes:
+        mode: ``eager``, ``function`` or ``xla``.
+        steps_per_execution: the default number of updates per call.
+        xla_loop: whether the multi-step loop runs inside the XLA program.
+        function: the ``tf.function`` one call runs (None in eager mode), e.g. for
+            ``function.experimental_get_tracing_count()``.
+    """
+
+    def __init__(
+        self,
+        student,
+        explainer,
+        loss_fn,
+        optimizer,
+        mode: str,
+        steps_per_execution: int,
+        xla_loop: bool | None = None,
+    ):
+        if xla_loop is None:
+            xla_loop = not any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
+        self.mode = mode
+        self.xla_loop = bool(xla_loop) and mode == "xla" and steps_per_execution > 1
+        self.steps_per_execution = steps_per_execution
+        variables = student.trainable_variables
+        class_shape = _class_shape(explainer) if steps_per_execution > 1 else None
+
+        def one(x, label, target):
+            return update(student, explainer, loss_fn, optimizer, x, label, target)
+
+        def single(x, label, target):
+            return train_step(student, explainer, loss_fn, optimizer, x, label, target)
+
+        def looped(body_fn):
+            def many(x, label, target, steps):
+                """``steps >= 1`` updates in a while loop; the loop carries the last outputs."""
+                first = {
+                    "loss": tf.zeros([], tf.float32),
+                    "heatmap": tf.zeros_like(x),
+                    "logits": tf.zeros(tf.concat([tf.shape(x)[:1], class_shape], axis=0), x.dtype),
+                    "gradients": [tf.zeros_like(v) for v in variables],
+                }
+                _, last = tf.while_loop(
+                    lambda i, last: i < steps,
+                    lambda i, last: (i + 1, body_fn(x, label, target)),
+                    (tf.constant(0, tf.int32), first),
+                    parallel_iterations=1,  # sequential: each update reads the last one's weights
+                )
+                return {**last, **gradient_stats(last["gradients"])}
+
+            return many
+
+        self._single, self._many, self.function = single, None, None
+        if mode == "eager":
+            return
+        jit = mode == "xla"
+        if steps_per_execution == 1:
+            self._single = tf.function(single, jit_compile=jit, reduce_retracing=True)
+            self.function = self._single
+            return
+        if jit and not xla_loop:
+            self._update = tf.function(one, jit_compile=True, reduce_retracing=True)
+            self._many = tf.function(looped(self._update), reduce_retracing=True)
+        else:
+            self._many = tf.function(looped(one), jit_compile=jit, reduce_retracing=True)
+        self.function = self._many
+
+    def __call__(self, x, label, target, steps: int | None = None) -> dict:
+        steps = self.steps_per_execution if steps is None else int(steps)
+        if steps < 1:
+            raise ValueError(f"steps must be a positive number of updates, got {steps}.")
+        if self._many is not None:
+            return self._many(x, label, target, tf.constant(steps, tf.int32))
+        for _ in range(steps):
+            result = self._single(x, label, target)
+        return result
+
+
+def _class_shape(explainer: LRP) -> list[int]:
+    """The logits' shape after the batch axis (the model's output shape)."""
+    shape = explainer.model.outputs[0].shape[1:]
+    if any(d is None for d in shape):
+        raise ValueError(
+            f"steps_per_execution > 1 needs a model with a static output shape, got {tuple(shape)}; "
+            "use steps_per_execution=1."
+        )
+    return [int(d) for d in shape]
 
 
 def compile_step(
@@ -64,25 +326,55 @@ def compile_step(
     loss_fn: HeatmapLoss,
     optimizer: keras.optimizers.Optimizer,
     mode: str = "function",
-) -> Callable[[tf.Tensor, tf.Tensor, tf.Tensor], dict]:
-    """``step(x, label, target)``: :func:`train_step` run eagerly, as a graph, or with XLA.
+    steps_per_execution: int = 1,
+    *,
+    xla_loop: bool | None = None,
+) -> CompiledStep:
+    """``step(x, label, target, steps=None)``: :func:`update` run eagerly, as a graph, or with XLA.
 
-    The optimizer's variables are built first, so the first trace creates none.
+    With ``steps_per_execution=N > 1`` one call runs ``N`` updates inside one compiled
+    ``tf.while_loop`` (one dispatch, one host read of the loss per ``N`` steps); in ``xla``
+    mode the loop runs inside the XLA program (``xla_loop=True``, the default for models
+    without convolutions or pooling) or in the graph around the XLA-compiled update (``False``, the
+    default for convolutional models); see :class:`CompiledStep`. The optimizer's variables
+    are built first, so the first trace creates none.
 
     Example:
-    >>> step = compile_step(model, LRP(model), heatmap_loss("mse"), keras.optimizers.Adam())  # doctest: +SKIP
-    >>> step(x, label, target)["loss"]  # doctest: +SKIP
+    >>> step = compile_step(model, LRP(model), heatmap_loss("mse"), keras.optimizers.Adam(),
+    ...                     "xla", steps_per_execution=25)  # doctest: +SKIP
+    >>> for n, done, log in schedule(300, 25, log_every=25):  # doctest: +SKIP
+    ...     result = step(x, label, target, steps=n)   # n updates, one dispatch
+    ...     loss = float(result["loss"])               # the last update's loss
     """
     if mode not in MODES:
         raise ValueError(f"Unknown step mode {mode!r}; expected one of {list(MODES)}.")
+    if int(steps_per_execution) != steps_per_execution or steps_per_execution < 1:
+        raise ValueError(f"steps_per_execution must be a positive integer, got {steps_per_execution!r}.")
     optimizer.build(student.trainable_variables)
+    return CompiledStep(student, explainer, loss_fn, optimizer, mode, int(steps_per_execution), xla_loop)
 
-    def step(x, label, target):
-        return train_step(student, explainer, loss_fn, optimizer, x, label, target)
 
-    if mode == "eager":
-        return step
-    return tf.function(step, jit_compile=mode == "xla", reduce_retracing=True)
+def schedule(total: int, steps_per_execution: int, log_every: int) -> Iterator[tuple[int, int, bool]]:
+    """``(steps, done, log)`` per call: run ``steps`` updates, ``done`` of ``total`` after it.
+
+    Calls never cross a log step (step 1, every multiple of ``log_every``, and the last),
+    so ``log_every`` need not be a multiple of ``steps_per_execution``; ``log`` says the
+    call ends on one.
+
+    Example:
+    >>> list(schedule(7, 4, log_every=5))
+    [(1, 1, True), (4, 5, True), (2, 7, True)]
+    >>> list(schedule(10, 3, log_every=100))
+    [(1, 1, True), (3, 4, False), (3, 7, False), (3, 10, True)]
+    """
+    if total < 0 or steps_per_execution < 1 or log_every < 1:
+        raise ValueError(f"need total >= 0, steps_per_execution >= 1, log_every >= 1; got {total}, {steps_per_execution}, {log_every}.")
+    done = 0
+    while done < total:
+        next_log = 1 if done == 0 else min(total, (done // log_every + 1) * log_every)
+        steps = min(steps_per_execution, next_log - done)
+        done += steps
+        yield steps, done, done == next_log
 
 
 def make_optimizer(name: str, lr: float, momentum: float = 0.0) -> keras.optimizers.Optimizer:

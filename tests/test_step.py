@@ -1,0 +1,263 @@
+"""The inverse step: eager, graph and XLA agree; N steps per call equal N calls; no retraces."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import conv_model, dense_model, inputs_for
+from heatinv.losses import heatmap_loss
+from heatinv.lrp import LRP
+from heatinv.step import (
+    apply_gradients,
+    compile_step,
+    fused_kind,
+    gradient_stats,
+    schedule,
+    train_step,
+)
+
+
+def _problem(kind: str, rng, dtype: str = "float64", batch: int = 3):
+    """A model, its input batch, labels and a target map from another model's heatmap."""
+    make = dense_model if kind == "dense" else (lambda d, seed: conv_model(d, seed, pool="average"))
+    model, other = make(dtype, 0), make(dtype, 1)
+    x = tf.constant(inputs_for(model, rng, batch))
+    label = tf.constant(np.arange(batch) % 3, tf.int32)
+    target = LRP(other, "epsilon_gamma_box")(x, label)
+    return model, x, label, target
+
+
+def _copy(model: keras.Model) -> keras.Model:
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def _step(model, mode="function", n=1, optimizer=None, composite="epsilon_gamma_box"):
+    optimizer = optimizer or keras.optimizers.Adam(1e-2)
+    return compile_step(model, LRP(model, composite), heatmap_loss("mse"), optimizer, mode, n), optimizer
+
+
+def _weights(model):
+    return [v.numpy() for v in model.trainable_variables]
+
+
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+def test_eager_function_and_xla_agree_on_one_step(kind, rng):
+    model, x, label, target = _problem(kind, rng)
+    results, weights = {}, {}
+    for mode in ("eager", "function", "xla"):
+        copy = _copy(model)
+        step, _ = _step(copy, mode)
+        results[mode] = step(x, label, target)
+        weights[mode] = _weights(copy)
+    eager = results["eager"]
+    scale = max(float(np.abs(g.numpy()).max()) for g in eager["gradients"])
+    assert scale > 0 and float(eager["loss"]) > 0
+    for mode in ("function", "xla"):
+        got = results[mode]
+        np.testing.assert_allclose(float(got["loss"]), float(eager["loss"]), rtol=1e-6)  # a float32 cast of a float64 loss
+        np.testing.assert_allclose(got["heatmap"].numpy(), eager["heatmap"].numpy(), rtol=1e-10, atol=1e-14)
+        for a, b in zip(eager["gradients"], got["gradients"]):
+            np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-9, atol=1e-11 * scale)
+        for a, b in zip(weights["eager"], weights[mode]):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(got["grad_norms"].numpy(), eager["grad_norms"].numpy(), rtol=1e-6)
+        np.testing.assert_array_equal(got["zero_fractions"].numpy(), eager["zero_fractions"].numpy())
+
+
+def test_compiled_result_has_train_steps_keys_and_values(rng):
+    model, x, label, target = _problem("dense", rng)
+    copy = _copy(model)
+    optimizer = keras.optimizers.Adam(1e-2)
+    optimizer.build(copy.trainable_variables)
+    plain = train_step(copy, LRP(copy, "epsilon_gamma_box"), heatmap_loss("mse"), optimizer, x, label, target)
+    step, _ = _step(_copy(model))
+    result = step(x, label, target)
+    assert set(result) == set(plain)
+    assert len(result["gradients"]) == len(model.trainable_variables)
+    for key in ("grad_norms", "zero_fractions"):
+        np.testing.assert_allclose(result[key].numpy(), plain[key].numpy(), rtol=1e-6)
+        assert result[key].shape == (len(model.trainable_variables),)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "xla", "xla_loop"])
+def test_multi_step_equals_single_steps(mode, rng):
+    """As Keras's test_steps_per_execution_steps_count: N updates per call == N calls of one."""
+    n = 4
+    model, x, label, target = _problem("dense", rng)
+    single_model, multi_model = _copy(model), _copy(model)
+    single, single_opt = _step(single_model, mode.replace("_loop", ""), 1)
+    if mode == "xla_loop":
+        multi_opt = keras.optimizers.Adam(1e-2)
+        multi = compile_step(multi_model, LRP(multi_model, "epsilon_gamma_box"), heatmap_loss("mse"), multi_opt, "xla", n, xla_loop=True)
+    elif mode == "xla":  # the graph loop around the XLA update (the default for convolutional models)
+        multi_opt = keras.optimizers.Adam(1e-2)
+        multi = compile_step(multi_model, LRP(multi_model, "epsilon_gamma_box"), heatmap_loss("mse"), multi_opt, "xla", n, xla_loop=False)
+    else:
+        multi, multi_opt = _step(multi_model, mode, n)
+    singles = [single(x, label, target) for _ in range(n)]
+    result = multi(x, label, target)
+    assert int(single_opt.iterations.numpy()) == int(multi_opt.iterations.numpy()) == n
+    for a, b in zip(_weights(single_model), _weights(multi_model)):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
+    last = singles[-1]
+    assert float(result["loss"]) == pytest.approx(float(last["loss"]), rel=1e-7)
+    np.testing.assert_allclose(result["heatmap"].numpy(), last["heatmap"].numpy(), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(result["logits"].numpy(), last["logits"].numpy(), rtol=1e-10, atol=1e-14)
+    for a, b in zip(last["gradients"], result["gradients"]):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(result["grad_norms"].numpy(), last["grad_norms"].numpy(), rtol=1e-6)
+    # the optimizer's state too, so later steps stay equal
+    for a, b in zip(single_opt.variables, multi_opt.variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_multi_step_runs_any_count_without_retracing(rng):
+    model, x, label, target = _problem("conv", rng, dtype="float32")
+    step, optimizer = _step(model, "function", 5)
+    counts = []
+    for steps in (None, 1, 3, 5, 2):
+        step(x, label, target, steps=steps)
+        counts.append(int(optimizer.iterations.numpy()))
+    assert counts == [5, 6, 9, 14, 16]
+    # new values for every input: still the same trace
+    step(x + 0.01, label, target * 1.5)
+    assert step.function.experimental_get_tracing_count() == 1
+    xla, _ = _step(_copy(model), "xla", 5)
+    for steps in (None, 1, 3):
+        xla(x + 0.01 * steps if steps else x, label, target, steps=steps)
+    assert xla.function.experimental_get_tracing_count() == 1
+    assert xla._update.experimental_get_tracing_count() == 1  # the XLA update the loop calls
+    with pytest.raises(ValueError, match="positive"):
+        step(x, label, target, steps=0)
+
+
+def test_single_step_does_not_retrace(rng):
+    model, x, label, target = _problem("dense", rng, dtype="float32")
+    step, _ = _step(model, "function")
+    for i in range(4):
+        step(x + 0.01 * i, label, target * (1 + i))
+    assert step.function.experimental_get_tracing_count() == 1
+
+
+def test_xla_loop_is_chosen_for_dense_models_only(rng):
+    dense, _, _, _ = _problem("dense", rng, dtype="float32")
+    conv, _, _, _ = _problem("conv", rng, dtype="float32")
+    assert _step(dense, "xla", 4)[0].xla_loop
+    assert not _step(conv, "xla", 4)[0].xla_loop
+    assert not _step(dense, "function", 4)[0].xla_loop and not _step(dense, "xla", 1)[0].xla_loop
+    forced = compile_step(conv, LRP(conv), heatmap_loss("mse"), keras.optimizers.Adam(), "xla", 4, xla_loop=True)
+    assert forced.xla_loop
+
+
+def test_loss_decreases_over_20_steps(rng):
+    model, x, label, target = _problem("dense", rng, dtype="float32")
+    step, _ = _step(model, "function", 5, optimizer=keras.optimizers.Adam(1e-2))
+    first = float(step(x, label, target, steps=1)["loss"])
+    losses = [float(step(x, label, target)["loss"]) for _ in range(4)]  # 20 more updates
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < 0.5 * first, (first, losses)
+
+
+def test_schedule_stops_at_every_log_step():
+    calls = list(schedule(103, 10, log_every=25))
+    assert sum(n for n, _, _ in calls) == 103
+    logged = [done for _, done, log in calls if log]
+    assert logged == [1, 25, 50, 75, 100, 103]
+    assert all(1 <= n <= 10 for n, _, _ in calls)
+    assert list(schedule(4, 1, log_every=2)) == [(1, 1, True), (1, 2, True), (1, 3, False), (1, 4, True)]
+    assert list(schedule(0, 5, 5)) == []
+    with pytest.raises(ValueError):
+        list(schedule(5, 0, 5))
+
+
+# --------------------------------------------------------------------------- the fused optimizer update
+
+
+def _adam_reference(w, grads, lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        m = m + (g - m) * (1 - beta_1)
+        v = v + (g * g - v) * (1 - beta_2)
+        alpha = lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        w = w - m * alpha / (np.sqrt(v) + epsilon)
+    return w
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "xla"])
+def test_fused_adam_is_adams_formula_in_float64(mode, rng):
+    w = rng.normal(size=(5, 4))
+    grads = [rng.normal(size=w.shape) for _ in range(6)]
+    variable = keras.Variable(w, dtype="float64")
+    optimizer = keras.optimizers.Adam(0.01)
+    optimizer.build([variable])
+    assert fused_kind(optimizer, [variable]) == "adam"
+    apply = lambda g: apply_gradients(optimizer, [g], [variable])  # noqa: E731
+    if mode != "eager":
+        apply = tf.function(apply, jit_compile=mode == "xla")
+    for g in grads:
+        apply(tf.constant(g))
+    lr = float(np.float32(0.01))  # Keras keeps the learning rate in a float32 variable
+    np.testing.assert_allclose(variable.numpy(), _adam_reference(w, grads, lr), rtol=1e-13, atol=1e-15)
+    assert int(optimizer.iterations.numpy()) == len(grads)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.SGD(0.01),
+        lambda: keras.optimizers.SGD(0.01, momentum=0.9),
+    ],
+    ids=["adam", "sgd", "momentum"],
+)
+def test_fused_update_matches_keras_in_float32(make, rng):
+    init = [rng.normal(size=(6, 4)).astype("float32"), rng.normal(size=(4,)).astype("float32")]
+    ours, theirs = [keras.Variable(w) for w in init], [keras.Variable(w) for w in init]
+    ours_opt, theirs_opt = make(), make()
+    ours_opt.build(ours)
+    theirs_opt.build(theirs)
+    assert fused_kind(ours_opt, ours) is not None
+    for _ in range(5):
+        grads = [tf.constant(rng.normal(size=w.shape).astype("float32")) for w in init]
+        apply_gradients(ours_opt, grads, ours)
+        theirs_opt.apply_gradients(zip(grads, theirs))
+    # Keras's own Adam rounds some factors in float32 even for float64 variables (it sits
+    # ~3e-7 off Adam's formula after 5 steps, the fused kernel 0 in float64, ~2e-7 here).
+    for a, b in zip(theirs + list(theirs_opt.variables), ours + list(ours_opt.variables)):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.Adam(0.01, clipnorm=1.0),
+        lambda: keras.optimizers.Adam(0.01, amsgrad=True),
+        lambda: keras.optimizers.AdamW(0.01),
+        lambda: keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True),
+        lambda: keras.optimizers.RMSprop(0.01),
+    ],
+    ids=["clipnorm", "amsgrad", "adamw", "nesterov", "rmsprop"],
+)
+def test_other_optimizers_go_through_keras(make, rng):
+    init = rng.normal(size=(3, 2)).astype("float32")
+    ours, theirs = keras.Variable(init), keras.Variable(init)
+    ours_opt, theirs_opt = make(), make()
+    ours_opt.build([ours])
+    theirs_opt.build([theirs])
+    assert fused_kind(ours_opt, [ours]) is None
+    grad = tf.constant(rng.normal(size=init.shape).astype("float32"))
+    apply_gradients(ours_opt, [grad], [ours])
+    theirs_opt.apply_gradients([(grad, theirs)])
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_gradient_stats_counts_zeros():
+    stats = gradient_stats([tf.constant([0.0, 3.0, 4.0, 0.0]), tf.zeros([2, 2])])
+    np.testing.assert_allclose(stats["grad_norms"].numpy(), [5.0, 0.0])
+    np.testing.assert_allclose(stats["zero_fractions"].numpy(), [0.5, 1.0])
