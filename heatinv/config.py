@@ -96,6 +96,8 @@ class TrainerConfig:
     seed: int = 0
     jit_compile: bool = False
     precision: str = "float32"  # float32 | float64
+    strategy: str = "none"  # none | mirrored (task=dataset: one replica per GPU, tf.distribute.MirroredStrategy)
+    steps_per_execution: int = 25  # updates per compiled call (one dispatch and host read per call)
     checkpoint_every: int = 100  # steps between checkpoints (0: none)
     resume: bool = False  # continue the run in hydra.run.dir from its last checkpoint
     overwrite: bool = False  # replace the results already in hydra.run.dir
@@ -139,11 +141,13 @@ CHOICES = {
     "lrp.output": ("logit", "activation"),
     "optimizer.name": ("adam", "sgd"),
     "trainer.precision": ("float32", "float64"),
+    "trainer.strategy": ("none", "mirrored"),
 }
 
 POSITIVE = (
     "trainer.steps",
     "trainer.log_every",
+    "trainer.steps_per_execution",
     "optimizer.lr",
     "loss.delta",
     "model.reference_epochs",
@@ -183,6 +187,12 @@ def validate(cfg) -> None:
         raise ConfigError(
             f"Config value target.kind={cfg.target.kind!r} does not go with task.kind={cfg.task.kind!r}, which takes "
             f"target.kind in {list(allowed)}. Pick one (e.g. target=pattern) or switch task (task=dataset)."
+        )
+    if cfg.trainer.strategy != "none" and cfg.task.kind != "dataset":
+        raise ConfigError(
+            f"Config value trainer.strategy={cfg.trainer.strategy!r} only applies to the dataset objective "
+            f"(task=dataset); a single-heatmap run (task.kind={cfg.task.kind!r}) trains one image on one device. "
+            "Drop the override (trainer.strategy=none) or switch task (task=dataset)."
         )
     if cfg.task.kind == "dataset" and not 0 <= cfg.task.success_threshold <= 1:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")

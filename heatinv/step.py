@@ -51,7 +51,9 @@ def update(
     label: tf.Tensor,
     target: tf.Tensor,
 ) -> dict[str, tf.Tensor | list[tf.Tensor]]:
-    """One update without diagnostics: ``loss``, ``heatmap`` (before the update), ``logits``, ``gradients``."""
+    """One update without diagnostics: ``loss``, ``heatmap`` (before the update), ``logits``,
+    ``gradients``, and ``nonfinite`` (1 when the loss or a gradient was NaN/Inf and the update
+    was skipped, else 0)."""
     variables = student.trainable_variables
     with tf.GradientTape() as tape:
         explanation = explainer.explain(x, label)
@@ -59,12 +61,20 @@ def update(
     gradients = tape.gradient(loss, variables)
     # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
     gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-    apply_gradients(optimizer, gradients, variables)
+    finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
+
+    def apply() -> tf.Tensor:
+        apply_gradients(optimizer, gradients, variables)
+        return tf.constant(0, tf.int32)
+
+    # A NaN/Inf step leaves the weights and the optimizer's state untouched.
+    nonfinite = tf.cond(finite, apply, lambda: tf.constant(1, tf.int32))
     return {
         "loss": tf.cast(loss, tf.float32),
         "heatmap": explanation.relevance,
         "logits": explanation.logits,
         "gradients": gradients,
+        "nonfinite": nonfinite,
     }
 
 
@@ -272,14 +282,21 @@ class CompiledStep:
                     "heatmap": tf.zeros_like(x),
                     "logits": tf.zeros(tf.concat([tf.shape(x)[:1], class_shape], axis=0), x.dtype),
                     "gradients": [tf.zeros_like(v) for v in variables],
+                    "nonfinite": tf.constant(0, tf.int32),
                 }
-                _, last = tf.while_loop(
-                    lambda i, last: i < steps,
-                    lambda i, last: (i + 1, body_fn(x, label, target)),
-                    (tf.constant(0, tf.int32), first),
+
+                def body(i, last, skipped):
+                    result = body_fn(x, label, target)
+                    return i + 1, result, skipped + result["nonfinite"]
+
+                _, last, skipped = tf.while_loop(
+                    lambda i, last, skipped: i < steps,
+                    body,
+                    (tf.constant(0, tf.int32), first, tf.constant(0, tf.int32)),
                     parallel_iterations=1,  # sequential: each update reads the last one's weights
                 )
-                return {**last, **gradient_stats(last["gradients"])}
+                # ``nonfinite`` of a call: how many of its updates were skipped.
+                return {**last, "nonfinite": skipped, **gradient_stats(last["gradients"])}
 
             return many
 
@@ -304,9 +321,11 @@ class CompiledStep:
             raise ValueError(f"steps must be a positive number of updates, got {steps}.")
         if self._many is not None:
             return self._many(x, label, target, tf.constant(steps, tf.int32))
+        skipped = tf.constant(0, tf.int32)
         for _ in range(steps):
             result = self._single(x, label, target)
-        return result
+            skipped += result["nonfinite"]
+        return {**result, "nonfinite": skipped}
 
 
 def _class_shape(explainer: LRP) -> list[int]:
@@ -354,12 +373,12 @@ def compile_step(
     return CompiledStep(student, explainer, loss_fn, optimizer, mode, int(steps_per_execution), xla_loop)
 
 
-def schedule(total: int, steps_per_execution: int, log_every: int) -> Iterator[tuple[int, int, bool]]:
+def schedule(total: int, steps_per_execution: int, log_every: int, start: int = 0) -> Iterator[tuple[int, int, bool]]:
     """``(steps, done, log)`` per call: run ``steps`` updates, ``done`` of ``total`` after it.
 
     Calls never cross a log step (step 1, every multiple of ``log_every``, and the last),
     so ``log_every`` need not be a multiple of ``steps_per_execution``; ``log`` says the
-    call ends on one.
+    call ends on one. ``start`` is the number of steps already done (a resumed run).
 
     Example:
     >>> list(schedule(7, 4, log_every=5))
@@ -369,7 +388,7 @@ def schedule(total: int, steps_per_execution: int, log_every: int) -> Iterator[t
     """
     if total < 0 or steps_per_execution < 1 or log_every < 1:
         raise ValueError(f"need total >= 0, steps_per_execution >= 1, log_every >= 1; got {total}, {steps_per_execution}, {log_every}.")
-    done = 0
+    done = start
     while done < total:
         next_log = 1 if done == 0 else min(total, (done // log_every + 1) * log_every)
         steps = min(steps_per_execution, next_log - done)

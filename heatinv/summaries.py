@@ -9,6 +9,8 @@ HParams session with the flattened config and final metrics ``final/<metric>``.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
@@ -22,6 +24,12 @@ FINAL_METRICS = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accur
 def variable_tag(variable) -> str:
     """``<layer>/<variable>`` from a Keras variable's path (``sequential/dense/kernel``)."""
     return "/".join(variable.path.split("/")[-2:])
+
+
+def trial_name(out: str, root: str) -> str:
+    """The HParams row's name: the run directory relative to ``outputs/`` (unique across sweeps)."""
+    relative = os.path.relpath(out, root)
+    return os.path.basename(os.path.normpath(out)) if relative.startswith(".") else relative
 
 
 def hparam_value(value):

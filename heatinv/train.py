@@ -32,8 +32,8 @@ from heatinv.models import Architecture, accuracy, build_model, load_model_file,
 from heatinv.render import diverging_rgb, grayscale_rgb, panel, write_png
 from heatinv.manipulate import run_dataset
 from heatinv.similarity import similarity_numpy
-from heatinv.step import compile_step, make_optimizer
-from heatinv.summaries import Summaries, flat_config
+from heatinv.step import compile_step, make_optimizer, schedule
+from heatinv.summaries import Summaries, flat_config, trial_name
 from heatinv.targets import Target, build_target
 
 
@@ -44,9 +44,9 @@ NOTHING_TO_LEARN = ("zero-residual", "dead-output", "all-zero")
 class GradientsVanished(RuntimeError):
     """Every gradient of a step was zero or non-finite; carries the doctor's findings."""
 
-    def __init__(self, step: int, findings: list[Finding]):
+    def __init__(self, step: int, findings: list[Finding], why: str | None = None):
         self.step, self.findings = step, findings
-        when = "before the first update" if step == 0 else f"every gradient of step {step} is zero or not finite"
+        when = why or ("before the first update" if step == 0 else f"every gradient of step {step} is zero")
         super().__init__(format_report(findings, when))
 
 
@@ -154,7 +154,14 @@ def run(cfg) -> dict:
     target_map = tf.constant(target.heatmap, dtype)
     optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
     loss_fn = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-    step = compile_step(student, explainer, loss_fn, optimizer, "xla" if cfg.trainer.jit_compile else "function")
+    step = compile_step(
+        student,
+        explainer,
+        loss_fn,
+        optimizer,
+        "xla" if cfg.trainer.jit_compile else "function",
+        steps_per_execution=cfg.trainer.steps_per_execution,
+    )
 
     initial = explainer(x, label).numpy()
     objective = HeatmapObjective(target.heatmap, explainer, cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
@@ -178,27 +185,38 @@ def run(cfg) -> dict:
         summaries.text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=False) + "\n```")
         summaries.text("target", target.source)
         summaries.text("diagnosis", format_report(findings, "before the first update"))
-        seconds = 0.0
+        seconds, skipped, streak, why = 0.0, 0, 0, None
+        last_checkpoint = done
         with StopRequests() as requests:
-            for i in range(done + 1, steps + 1):
+            for n, i, log in schedule(steps, cfg.trainer.steps_per_execution, log_every, start=done):
                 if requests.signal is not None:
-                    # Between steps: the weights hold exactly the updates of steps 1..i-1.
-                    raise RunInterrupted(out, i - 1, checkpointer.save(i - 1), requests.signal)
+                    # Between calls: the weights hold exactly the updates of the steps done so far.
+                    raise RunInterrupted(out, i - n, checkpointer.save(i - n), requests.signal)
                 started = time.perf_counter()
-                result = step(x, label, target_map)
-                loss = float(result["loss"])  # the step's only host read; needed for the progress bar
+                result = step(x, label, target_map, n)
+                loss = float(result["loss"])  # one host read per call, for the progress bar
                 seconds += time.perf_counter() - started
-                if _vanished(result):
+                nonfinite = int(result["nonfinite"])
+                skipped += nonfinite
+                streak = streak + nonfinite if nonfinite == n else nonfinite
+                too_many = cfg.trainer.max_nonfinite and streak >= cfg.trainer.max_nonfinite
+                if too_many or (not nonfinite and _all_zero(result)):
                     findings = diagnose(student, target.image, target.label, objective, cfg.trainer.precision)
-                    summaries.text("diagnosis", format_report(findings, f"step {i}"), step=i)
-                    stopped = i
-                    steps = i
+                    if too_many:
+                        why = f"{streak} steps in a row up to step {i} had a NaN/Inf loss or gradient (their updates were skipped)"
+                    else:
+                        why = f"every gradient of step {i} is zero"
+                    summaries.text("diagnosis", format_report(findings, why), step=i)
+                    stopped = steps = i
                     break
-                checkpointer.maybe_save(i)
+                if cfg.trainer.checkpoint_every and i // cfg.trainer.checkpoint_every > last_checkpoint // cfg.trainer.checkpoint_every:
+                    checkpointer.save(i)
+                    last_checkpoint = i
                 # The last step's values are logged after the loop, from the final weights.
-                if i < steps and (i == 1 or i % log_every == 0):
+                if log and i < steps:
                     scores = similarity_numpy(result["heatmap"], target_map)
-                    summaries.scalars(i, {"loss": loss, **{f"similarity/{k}": v for k, v in scores.items()}})
+                    values = {"loss": loss, "nonfinite_steps": skipped, **{f"similarity/{k}": v for k, v in scores.items()}}
+                    summaries.scalars(i, values)
                     summaries.gradients(i, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
                     summaries.histograms(i, variables, result["gradients"])
                     summaries.heatmaps(i, target.image, target.heatmap, result["heatmap"].numpy())
@@ -219,6 +237,7 @@ def run(cfg) -> dict:
             "target": target.source,
             "diagnosis": [finding.as_dict() for finding in findings],
             "stopped_at_step": stopped,
+            "nonfinite_steps": skipped,
         }
         summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
         if result is not None:
@@ -226,20 +245,19 @@ def run(cfg) -> dict:
             summaries.histograms(steps, variables, result["gradients"])
             progress.update(steps, [("loss", final_loss), ("cosine", scores["cosine"])])
         summaries.heatmaps(steps, target.image, target.heatmap, final_map)
-        summaries.hparams(flat_config(cfg), metrics, trial_id=os.path.relpath(out, cfg.paths.root))
+        summaries.hparams(flat_config(cfg), metrics, trial_id=trial_name(out, cfg.paths.root))
 
     write_outputs(out, metrics, student, target, initial, final_map)
     write_json(os.path.join(out, "doctor.json"), [finding.as_dict() for finding in findings])
     if stopped is not None:
-        raise GradientsVanished(stopped, findings)
+        raise GradientsVanished(stopped, findings, why if stopped else None)
     print(summary_line(metrics), flush=True)
     return metrics
 
 
-def _vanished(result: dict) -> bool:
-    """Every gradient exactly zero, or any not finite (read from the step's small summaries)."""
-    zero_fractions = result["zero_fractions"].numpy()
-    return bool(np.all(zero_fractions == 1.0) or not np.all(np.isfinite(result["grad_norms"].numpy())))
+def _all_zero(result: dict) -> bool:
+    """Every gradient of the call's last update exactly zero (read from the step's small summaries)."""
+    return bool(np.all(result["zero_fractions"].numpy() == 1.0))
 
 
 def summary_line(metrics: dict) -> str:

@@ -113,3 +113,43 @@ def test_guard_run_directory(tmp_path):
         guard_run_directory(str(tmp_path), resume=False, overwrite=False)
     guard_run_directory(str(tmp_path), resume=True, overwrite=False)
     guard_run_directory(str(tmp_path), resume=False, overwrite=True)
+
+
+def test_nonfinite_steps_do_not_update_and_stop_the_run(tmp_path, monkeypatch):
+    """A NaN loss skips the update; max_nonfinite such steps in a row stop the run with a diagnosis."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    import heatinv.train as train
+    from heatinv.config import register
+    from heatinv.models import build_model
+
+    real = train.heatmap_loss
+
+    def poisoned(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return lambda heatmap, target: loss(heatmap, target) * tf.constant(np.nan, heatmap.dtype)
+
+    monkeypatch.setattr(train, "heatmap_loss", poisoned)
+    register()
+    GlobalHydra.instance().clear()
+    out = tmp_path / "run"
+    with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+        cfg = compose("train", overrides=[
+            "model.hidden=[16,8]", "model.reference_epochs=1", "trainer.steps=20", "trainer.steps_per_execution=1",
+            "trainer.max_nonfinite=4", f"paths.output_dir={out}", f"paths.cache_dir={tmp_path / 'cache'}",
+            f"paths.root={tmp_path}",
+        ])
+    GlobalHydra.instance().clear()
+    with pytest.raises(train.GradientsVanished) as stop:
+        train.run(cfg)
+    assert stop.value.step == 4 and "4 steps in a row up to step 4 had a NaN/Inf loss" in str(stop.value)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nonfinite_steps"] == 4 and metrics["stopped_at_step"] == 4
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    untouched = build_model(train.architecture(cfg), 10, seed=cfg.trainer.seed)
+    for after, before in zip(student.get_weights(), untouched.get_weights()):
+        np.testing.assert_array_equal(after, before)

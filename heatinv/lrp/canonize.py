@@ -91,7 +91,8 @@ class Linear:
     def affine(self, x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor | None) -> tf.Tensor:
         """The layer's linear map with the given kernel and bias (no activation)."""
         if self.kind == "dense":
-            z = tf.tensordot(x, kernel, axes=[[x.shape.rank - 1], [0]])
+            # matmul for the usual rank-2 input: tensordot's gradient copies the kernel into a transpose
+            z = tf.matmul(x, kernel) if x.shape.rank == 2 else tf.tensordot(x, kernel, axes=[[x.shape.rank - 1], [0]])
         else:
             z = tf.nn.convolution(
                 x,
@@ -109,6 +110,8 @@ class Linear:
         eager TensorFlow cannot differentiate the gradient of a convolution a second time.
         """
         if self.kind == "dense":
+            if s.shape.rank == 2:
+                return tf.matmul(s, kernel, transpose_b=True)
             return tf.tensordot(s, kernel, axes=[[s.shape.rank - 1], [1]])
         # TensorFlow's float64 CPU kernel refuses dilation > 1, so dilate the kernel instead.
         return tf.nn.conv_transpose(
