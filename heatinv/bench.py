@@ -492,8 +492,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--composites", type=_list(str, COMPOSITES), default=None, help="comma-separated (default: epsilon,epsilon_gamma_box)")
     parser.add_argument("--batches", type=_list(int), default=None, help="comma-separated (default: 1,64,256)")
     parser.add_argument("--variants", type=_list(str, VARIANTS), default=None, help="comma-separated (default: all)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved timing blocks per variant (default 7; quick 3)")
-    parser.add_argument("--min-time", type=float, default=None, help="seconds per timing block (default 0.2; quick 0.02)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved timing blocks per variant (default 5; quick 3)")
+    parser.add_argument("--min-time", type=float, default=None, help="seconds per timing block (default 0.1; quick 0.02)")
     parser.add_argument("--steps-per-execution", type=int, default=10, help="updates per call of the multi-step variants")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"the JSON file to write (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
@@ -503,8 +503,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batches = args.batches or ((1, 64) if quick else BATCHES)
     args.all_variants = args.variants is None
     args.variants = args.variants or VARIANTS
-    args.repeats = args.repeats or (3 if quick else 7)
-    args.min_time = args.min_time if args.min_time is not None else (0.02 if quick else 0.2)
+    args.repeats = args.repeats or (3 if quick else 5)
+    args.min_time = args.min_time if args.min_time is not None else (0.02 if quick else 0.1)
     if any(b < 1 for b in args.batches) or args.repeats < 1 or args.steps_per_execution < 1 or args.min_time < 0:
         parser.error("batches, repeats and --steps-per-execution must be positive, --min-time non-negative")
     return args
