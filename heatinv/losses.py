@@ -32,30 +32,53 @@ def normalize_map(heatmap: tf.Tensor, how: str) -> tf.Tensor:
     return heatmap / (scale + tf.constant(1e-12, heatmap.dtype))
 
 
-def heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none") -> HeatmapLoss:
-    """A loss ``fn(heatmap, target) -> scalar`` on maps in units of max |target|, averaged.
+def batch_unit(target: tf.Tensor, normalize: str = "none", dtype: tf.DType | None = None) -> tf.Tensor:
+    """The loss's unit: max |target| over the whole batch (after ``normalize``), never zero."""
+    dtype = dtype or (target.dtype if target.dtype.is_floating else tf.float32)
+    target = normalize_map(tf.cast(target, dtype), normalize)
+    return tf.reduce_max(tf.abs(target)) + tf.constant(1e-12, dtype)
 
-    Example:
-    >>> fn = heatmap_loss("huber", delta=0.1)
-    >>> float(fn(tf.zeros([1, 4]), tf.constant([[0.0, 0.0, 0.0, 1.0]])))
-    0.02375
+
+def per_example_heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none"):
+    """``fn(heatmap, target, unit) -> [batch]``: the loss of each example, in units of ``unit``.
+
+    Taking the unit as an argument lets a replica that sees part of a batch use the whole
+    batch's unit (``trainer.strategy=mirrored``); :func:`heatmap_loss` is its batch mean
+    with :func:`batch_unit`.
     """
     if name not in LOSSES:
         raise ValueError(f"Unknown loss {name!r}; expected one of {list(LOSSES)}.")
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"Unknown normalization {normalize!r}; expected one of {list(NORMALIZATIONS)}.")
 
-    def loss(heatmap: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
+    def loss(heatmap: tf.Tensor, target: tf.Tensor, unit: tf.Tensor) -> tf.Tensor:
         heatmap = normalize_map(heatmap, normalize)
         target = normalize_map(tf.cast(target, heatmap.dtype), normalize)
-        unit = tf.reduce_max(tf.abs(target)) + tf.constant(1e-12, heatmap.dtype)
-        residual = (heatmap - target) / unit
+        residual = (heatmap - target) / tf.cast(unit, heatmap.dtype)
         if name == "l1":
-            return tf.reduce_mean(tf.abs(residual))
-        if name == "mse":
-            return tf.reduce_mean(tf.square(residual))
-        d = tf.convert_to_tensor(delta, heatmap.dtype)
-        small = tf.abs(residual) <= d
-        return tf.reduce_mean(tf.where(small, 0.5 * tf.square(residual), d * (tf.abs(residual) - 0.5 * d)))
+            elementwise = tf.abs(residual)
+        elif name == "mse":
+            elementwise = tf.square(residual)
+        else:
+            d = tf.convert_to_tensor(delta, heatmap.dtype)
+            small = tf.abs(residual) <= d
+            elementwise = tf.where(small, 0.5 * tf.square(residual), d * (tf.abs(residual) - 0.5 * d))
+        return tf.reduce_mean(elementwise, axis=list(range(1, elementwise.shape.rank)))
+
+    return loss
+
+
+def heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none") -> HeatmapLoss:
+    """A loss ``fn(heatmap, target) -> scalar`` on maps in units of max |target|, averaged.
+
+    Example:
+    >>> fn = heatmap_loss("huber", delta=0.1)
+    >>> round(float(fn(tf.zeros([1, 4]), tf.constant([[0.0, 0.0, 0.0, 1.0]]))), 6)
+    0.02375
+    """
+    per_example = per_example_heatmap_loss(name, delta, normalize)
+
+    def loss(heatmap: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_mean(per_example(heatmap, target, batch_unit(target, normalize, heatmap.dtype)))
 
     return loss

@@ -34,7 +34,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.dataset_targets import dataset_targets
-from heatinv.losses import LOSSES, NORMALIZATIONS, heatmap_loss, normalize_map
+from heatinv.losses import batch_unit, heatmap_loss, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.render import diverging_rgb, grayscale_rgb, grid, write_png
 from heatinv.similarity import per_sample_similarity
@@ -81,43 +81,6 @@ def manipulation_step(student, explainer, loss_fn, optimizer, weights, x, labels
         "logit_match": logit_term,
         "grad_norms": tf.stack([tf.norm(g) for g in gradients]),
     }
-
-
-def per_example_heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none"):
-    """``fn(heatmap, target, unit) -> [batch]``: :func:`heatinv.losses.heatmap_loss` per example.
-
-    The same element-wise loss on maps in units of ``unit``, averaged over each example's
-    pixels only; with ``unit = batch_unit(target, normalize)`` the batch mean of the result
-    is ``heatmap_loss(name, delta, normalize)(heatmap, target)`` (checked in the tests).
-    Taking the unit as an argument is what lets a replica, which sees part of the batch,
-    use the unit of the whole batch.
-    """
-    if name not in LOSSES:
-        raise ValueError(f"Unknown loss {name!r}; expected one of {list(LOSSES)}.")
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(f"Unknown normalization {normalize!r}; expected one of {list(NORMALIZATIONS)}.")
-
-    def loss(heatmap: tf.Tensor, target: tf.Tensor, unit: tf.Tensor) -> tf.Tensor:
-        heatmap = normalize_map(heatmap, normalize)
-        target = normalize_map(tf.cast(target, heatmap.dtype), normalize)
-        residual = (heatmap - target) / tf.cast(unit, heatmap.dtype)
-        if name == "l1":
-            elementwise = tf.abs(residual)
-        elif name == "mse":
-            elementwise = tf.square(residual)
-        else:
-            d = tf.convert_to_tensor(delta, heatmap.dtype)
-            small = tf.abs(residual) <= d
-            elementwise = tf.where(small, 0.5 * tf.square(residual), d * (tf.abs(residual) - 0.5 * d))
-        return tf.reduce_mean(elementwise, axis=list(range(1, elementwise.shape.rank)))
-
-    return loss
-
-
-def batch_unit(target: tf.Tensor, normalize: str = "none") -> tf.Tensor:
-    """max |target| over a whole batch (after ``normalize``), the unit of :func:`heatmap_loss`."""
-    target = normalize_map(tf.cast(target, tf.float32), normalize)
-    return tf.reduce_max(tf.abs(target)) + tf.constant(1e-12, target.dtype)
 
 
 def _with_batch_constants(normalize: str):

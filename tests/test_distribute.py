@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from heatinv.config import ConfigError, TrainConfig, validate
 from heatinv.losses import heatmap_loss
-from heatinv.manipulate import batch_unit, per_example_heatmap_loss
+from heatinv.losses import batch_unit, per_example_heatmap_loss
 
 
 @pytest.mark.parametrize("normalize", ["none", "sum", "max"])
