@@ -78,3 +78,28 @@ def inputs_for(model: keras.Model, rng: np.random.Generator, batch: int = 3) -> 
     """A batch in [0, 1] (the zbox default range), in the model's input dtype."""
     shape = (batch,) + tuple(model.inputs[0].shape[1:])
     return rng.uniform(0.0, 1.0, shape).astype(model.inputs[0].dtype)
+
+
+@pytest.fixture
+def composed(tmp_path_factory):
+    """``composed(*overrides) -> (cfg, out)``: the ``train`` config with its own output dir and a shared cache."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from heatinv.config import register
+
+    register()
+    GlobalHydra.instance().clear()
+    cache = tmp_path_factory.mktemp("cache")
+
+    def make(*overrides: str):
+        out = tmp_path_factory.mktemp("run")
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            cfg = compose(
+                "train",
+                overrides=[f"paths.output_dir={out}", f"paths.cache_dir={cache}", f"paths.root={out}", *overrides],
+            )
+        return cfg, out
+
+    yield make
+    GlobalHydra.instance().clear()

@@ -12,10 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 
-from heatinv.config import register
 from heatinv.doctor import (
     CODES,
     ExplanationObjective,
@@ -205,38 +202,14 @@ def test_every_code_is_documented_and_reports_read_well():
     assert "No problems found" in format_report([])
 
 
-@pytest.fixture
-def composed(tmp_path_factory):
-    register()
-    GlobalHydra.instance().clear()
-    cache = tmp_path_factory.mktemp("cache")
-
-    def make(*overrides: str):
-        out = tmp_path_factory.mktemp("run")
-        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-            return compose(
-                "train",
-                overrides=[
-                    "model.hidden=[32,16]",
-                    "model.reference_epochs=1",
-                    "trainer.steps=5",
-                    "trainer.log_every=5",
-                    f"paths.output_dir={out}",
-                    f"paths.cache_dir={cache}",
-                    f"paths.root={out}",
-                    *overrides,
-                ],
-            ), out
-
-    yield make
-    GlobalHydra.instance().clear()
+SMALL_RUN = ("model.hidden=[32,16]", "model.reference_epochs=1", "trainer.steps=5", "trainer.log_every=5")
 
 
 def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed):
     from heatinv.train import GradientsVanished, run
 
     # a random student whose target-class output is dead behind its final ReLU (seed 0, digit 7)
-    cfg, out = composed("model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
+    cfg, out = composed(*SMALL_RUN, "model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
     with pytest.raises(GradientsVanished) as stop:
         run(cfg)
     # the doctor's pre-run diagnosis finds it, so not a single step is run
@@ -251,7 +224,7 @@ def test_train_stops_when_a_step_has_only_zero_gradients(composed, monkeypatch):
     """The in-loop check: a step whose gradients all vanish stops the run with a fresh diagnosis."""
     import heatinv.train as train
 
-    cfg, out = composed()
+    cfg, out = composed(*SMALL_RUN)
     real = train.compile_step
 
     def zeroing(*args, **kwargs):
@@ -274,9 +247,9 @@ def test_train_stops_when_a_step_has_only_zero_gradients(composed, monkeypatch):
 def test_doctor_cli_function_on_healthy_and_zero_residual_runs(composed, capsys):
     from heatinv.doctor.__main__ import run_doctor
 
-    cfg, out = composed()
+    cfg, out = composed(*SMALL_RUN)
     assert run_doctor(cfg) == []
     assert json.loads((out / "doctor.json").read_text()) == []
-    cfg, out = composed("init=reference", "target=digit7")
+    cfg, out = composed(*SMALL_RUN, "init=reference", "target=digit7")
     assert codes(run_doctor(cfg)) == ["zero-residual"]
     assert "zero-residual" in capsys.readouterr().out

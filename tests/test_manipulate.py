@@ -9,10 +9,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 
-from heatinv.config import register, validate
+from heatinv.config import validate
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
 from heatinv.manipulate import evaluate, explain_all
@@ -82,28 +80,6 @@ def test_evaluate_scores_the_given_held_out_images(rng):
     assert evaluate(explainer, x, y, shuffled, chosen, threshold=0.99)["success_rate"] < 1.0
 
 
-@pytest.fixture
-def composed(tmp_path_factory):
-    register()
-    GlobalHydra.instance().clear()
-    cache = tmp_path_factory.mktemp("cache")
-
-    def make(*overrides: str):
-        out = tmp_path_factory.mktemp("run")
-        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-            cfg = compose(
-                "train",
-                overrides=[
-                    f"paths.output_dir={out}",
-                    f"paths.cache_dir={cache}",
-                    f"paths.root={out}",
-                    *overrides,
-                ],
-            )
-        return cfg, out
-
-    yield make
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
