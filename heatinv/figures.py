@@ -1,0 +1,232 @@
+"""Figures a person reads: labelled heatmap panels with a shared colour bar (matplotlib).
+
+Relevance is drawn as LRP papers draw it: blue-white-red, white at zero, one symmetric scale
+for every heatmap panel of a figure so that colours compare across panels. A panel whose
+values are tiny next to that scale would be a blank tile; it is drawn amplified instead and
+its title says by how much (``x100``).
+
+The figures are :class:`matplotlib.figure.Figure` objects built without ``pyplot`` (no global
+state, no display needed); :func:`save` writes them as PNG and SVG, :func:`to_rgb` renders one
+for TensorBoard.
+
+Example:
+
+>>> import numpy as np
+>>> x = np.random.rand(28, 28)
+>>> target = np.random.randn(28, 28)
+>>> fig = heatmap_figure(x, target, 0.01 * target, target, {"cosine": 0.99})
+>>> [ax.get_title() for ax in fig.axes[:5]]
+['input', 'target', 'initial (x10)', 'final', 'target - final']
+>>> save(fig, "/tmp/heatmaps")  # doctest: +SKIP
+['/tmp/heatmaps.png', '/tmp/heatmaps.svg']
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+COLORMAP = "bwr"
+TINY = 0.05
+"""A panel whose largest |value| is below this share of the figure's scale is drawn amplified."""
+
+SCORE_ORDER = ("cosine", "ssim", "pearson", "spearman", "loss")
+
+
+def heatmap_figure(
+    image: np.ndarray,
+    target: np.ndarray,
+    initial: np.ndarray,
+    final: np.ndarray,
+    scores: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Input, target, initial, final and ``target - final`` heatmaps of one run, labelled.
+
+    Args:
+        image: the explained input, ``[H, W]``, ``[H, W, 1]`` (gray) or ``[H, W, 3]`` (RGB) in [0, 1].
+        target, initial, final: heatmaps ``[H, W]`` or ``[H, W, C]`` (summed over channels).
+        scores: similarity figures for the caption (``cosine``, ``ssim``, ...); others are ignored.
+        title: the figure's title (e.g. what the target is).
+
+    Returns:
+        A figure with five image axes and one colour bar; the heatmaps share the symmetric
+        scale ``[-v, v]`` with ``v`` the target's largest |value|.
+
+    Example:
+    >>> fig = heatmap_figure(x, t, t, t)  # doctest: +SKIP
+    """
+    maps = [_as_map(m, name) for m, name in ((target, "target"), (initial, "initial"), (final, "final"))]
+    target_map, initial_map, final_map = maps
+    scale = _peak(target_map) or _peak(final_map) or 1.0
+    fig = Figure(figsize=(12.5, 3.3), layout="constrained")
+    axes = fig.subplots(1, 5)
+    _draw_image(axes[0], image, "input")
+    panels = [("target", target_map), ("initial", initial_map), ("final", final_map), ("target - final", target_map - final_map)]
+    shown, amplified = None, False
+    for ax, (name, values) in zip(axes[1:], panels):
+        shown, factor = _draw_map(ax, values, scale, name)
+        amplified |= factor > 1
+    fig.colorbar(shown, ax=list(axes[1:]), shrink=0.85, label="relevance")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    caption = _caption(scores)
+    if amplified:
+        caption += ("\n" if caption else "") + "a panel titled xN is drawn N times stronger than the colour bar says"
+    if caption:
+        fig.text(0.5, -0.02, caption, ha="center", va="top", fontsize=10)
+    return fig
+
+
+@dataclass
+class Row:
+    """One test example of a dataset figure.
+
+    Attributes:
+        image: ``[H, W]``, ``[H, W, 1]`` or ``[H, W, 3]`` in [0, 1].
+        reference, target, student: heatmaps ``[H, W]`` or ``[H, W, C]``.
+        label: the example's class, as shown.
+        cosine: the student heatmap's cosine similarity to the target.
+    """
+
+    image: np.ndarray
+    reference: np.ndarray
+    target: np.ndarray
+    student: np.ndarray
+    label: str
+    cosine: float
+
+
+def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
+    """A grid of test examples: input, reference heatmap, target, student heatmap.
+
+    Each row's three heatmaps share one symmetric scale (the largest |value| of its reference
+    and target), so the student is drawn on the target's scale; a colour bar per row gives it.
+
+    Args:
+        rows: the examples, one row each (at least one).
+        title: the figure's title.
+
+    Returns:
+        A figure with ``4 * len(rows)`` image axes and ``len(rows)`` colour bars.
+
+    Example:
+    >>> fig = dataset_figure([Row(x, r, t, s, "7", 0.93)])  # doctest: +SKIP
+    """
+    if not rows:
+        raise ValueError("dataset_figure needs at least one row; got none.")
+    fig = Figure(figsize=(9.5, 2.2 * len(rows) + 0.6), layout="constrained")
+    axes = np.asarray(fig.subplots(len(rows), 4, squeeze=False))
+    columns = ("input", "reference", "target", "student")
+    for r, row in enumerate(rows):
+        reference, target, student = (_as_map(m, n) for m, n in ((row.reference, "reference"), (row.target, "target"), (row.student, "student")))
+        scale = max(_peak(reference), _peak(target)) or _peak(student) or 1.0
+        _draw_image(axes[r, 0], row.image, columns[0] if r == 0 else "")
+        axes[r, 0].set_ylabel(f"class {row.label}\ncos {row.cosine:.3f}", fontsize=9)
+        shown = None
+        for c, values in enumerate((reference, target, student), start=1):
+            shown, _ = _draw_map(axes[r, c], values, scale, columns[c] if r == 0 else "")
+        fig.colorbar(shown, ax=list(axes[r, 1:]), shrink=0.9)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def save(fig: Figure, stem: str) -> list[str]:
+    """Write ``fig`` as ``<stem>.png`` and ``<stem>.svg``, each whole or not at all.
+
+    Args:
+        fig: the figure.
+        stem: the path without extension; missing folders are created.
+
+    Returns:
+        The two paths written.
+
+    Example:
+    >>> save(heatmap_figure(x, t, t, t), "outputs/run/heatmaps")  # doctest: +SKIP
+    """
+    directory = os.path.dirname(os.path.abspath(stem))
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for extension, dpi in (("png", 110), ("svg", None)):
+        path = f"{stem}.{extension}"
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        try:
+            # bbox_inches="tight" keeps the caption, which sits below the axes
+            fig.savefig(tmp, format=extension, dpi=dpi, bbox_inches="tight", facecolor="white")
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        written.append(path)
+    return written
+
+
+def to_rgb(fig: Figure, dpi: int = 80) -> np.ndarray:
+    """The figure rendered to a uint8 ``[H, W, 3]`` array (for TensorBoard's Images tab)."""
+    fig.set_dpi(dpi)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def _draw_image(ax, image: np.ndarray, title: str) -> None:
+    image = np.asarray(image, dtype=np.float64)
+    if image.ndim == 3 and image.shape[-1] == 1:
+        image = image[..., 0]
+    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[-1] == 3)):
+        raise ValueError(f"The input image has shape {image.shape}; expected [H, W], [H, W, 1] or [H, W, 3].")
+    low, high = np.nanmin(image), np.nanmax(image)
+    if low < 0 or high > 1:  # standardized or raw data: show its own range
+        image = (image - low) / ((high - low) or 1.0)
+    ax.imshow(np.clip(image, 0, 1), cmap="gray_r" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
+    _frame(ax, title)
+
+
+def _draw_map(ax, values: np.ndarray, scale: float, title: str):
+    peak = _peak(values)
+    factor = 1
+    if 0 < peak < TINY * scale:
+        factor = 10 ** math.floor(math.log10(scale / peak))
+    image = ax.imshow(values * factor, cmap=COLORMAP, vmin=-scale, vmax=scale, interpolation="nearest")
+    if title:
+        title = f"{title} (x{factor:g})" if factor > 1 else title
+    elif factor > 1:
+        title = f"x{factor:g}"
+    _frame(ax, title)
+    return image, factor
+
+
+def _frame(ax, title: str) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=10)
+
+
+def _as_map(values: np.ndarray, name: str) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 3:
+        values = values.sum(axis=-1)  # relevance of a pixel = sum over its channels
+    if values.ndim != 2:
+        raise ValueError(f"The {name} heatmap has shape {values.shape}; expected [H, W] or [H, W, C] (one example).")
+    return values
+
+
+def _peak(values: np.ndarray) -> float:
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _caption(scores: Mapping[str, float] | None) -> str:
+    if not scores:
+        return ""
+    parts = [f"{name} {scores[name]:.4g}" for name in SCORE_ORDER if name in scores and scores[name] is not None]
+    return "   ".join(parts)

@@ -1,0 +1,102 @@
+"""The figures a person reads: titles, one shared colour bar, amplified tiny panels, PNG + SVG."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from heatinv.figures import Row, dataset_figure, heatmap_figure, save, to_rgb
+
+
+def _maps(seed=0, shape=(12, 10)):
+    rng = np.random.default_rng(seed)
+    return rng.random(shape), rng.normal(size=shape)
+
+
+def _image_axes(fig):
+    return [ax for ax in fig.axes if ax.images and ax.get_label() != "<colorbar>"]
+
+
+def _colorbars(fig):
+    return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
+def test_heatmap_figure_titles_panels_and_one_shared_scale():
+    image, target = _maps()
+    fig = heatmap_figure(image, target, 0.5 * target, 0.9 * target, {"cosine": 0.98765, "ssim": 0.5}, title="digit 7")
+    axes = _image_axes(fig)
+    assert [ax.get_title() for ax in axes] == ["input", "target", "initial", "final", "target - final"]
+    assert len(_colorbars(fig)) == 1
+    peak = np.abs(target).max()
+    for ax in axes[1:]:
+        assert ax.images[0].get_clim() == pytest.approx((-peak, peak))
+    texts = " ".join(t.get_text() for t in fig.texts)
+    assert "cosine 0.9877" in texts and "ssim 0.5" in texts
+    assert fig._suptitle.get_text() == "digit 7"
+
+
+def test_tiny_panel_is_amplified_and_says_so():
+    image, target = _maps()
+    fig = heatmap_figure(image, target, 0.003 * target, target, {"cosine": 1.0})
+    axes = _image_axes(fig)
+    # 0.003 of the scale: 10 ** floor(log10(1 / 0.003)) = 100, drawn at 0.3 of the bar
+    assert axes[2].get_title() == "initial (x100)"
+    drawn = axes[2].images[0].get_array()
+    assert np.abs(drawn).max() == pytest.approx(0.3 * np.abs(target).max())
+    # final == target: the difference is exactly zero, nothing to amplify, and the title stays plain
+    assert axes[4].get_title() == "target - final"
+    assert "N times stronger" in " ".join(t.get_text() for t in fig.texts)
+
+
+def test_channels_are_summed_and_rgb_inputs_drawn_in_colour():
+    rng = np.random.default_rng(1)
+    image, maps = rng.random((8, 8, 3)), rng.normal(size=(8, 8, 3))
+    fig = heatmap_figure(image, maps, maps, maps)
+    axes = _image_axes(fig)
+    assert axes[0].images[0].get_array().shape == (8, 8, 3)
+    np.testing.assert_allclose(axes[1].images[0].get_array(), maps.sum(-1))
+
+
+def test_dataset_figure_rows_columns_and_student_on_target_scale():
+    image, target = _maps(2)
+    rows = [Row(image, 2 * target, target, 0.5 * target, label=str(k), cosine=0.9 + k / 100) for k in range(3)]
+    fig = dataset_figure(rows, title="pattern")
+    axes = _image_axes(fig)
+    assert len(axes) == 12 and len(_colorbars(fig)) == 3
+    assert [ax.get_title() for ax in axes[:4]] == ["input", "reference", "target", "student"]
+    assert axes[4].get_ylabel() == "class 1\ncos 0.910"
+    scale = 2 * np.abs(target).max()  # the reference's peak is the row's largest
+    for ax in axes[1:4]:
+        assert ax.images[0].get_clim() == pytest.approx((-scale, scale))
+
+
+def test_save_writes_png_and_svg_whole(tmp_path):
+    image, target = _maps()
+    paths = save(heatmap_figure(image, target, target, target, {"cosine": 1.0}), str(tmp_path / "sub" / "heatmaps"))
+    assert paths == [str(tmp_path / "sub" / "heatmaps.png"), str(tmp_path / "sub" / "heatmaps.svg")]
+    with Image.open(paths[0]) as png:
+        width, height = png.size
+    assert width > 3 * height > 600  # a row of five panels with a colour bar
+    assert open(paths[1]).read().lstrip().startswith("<?xml")
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["heatmaps.png", "heatmaps.svg"]
+
+
+def test_to_rgb_renders_the_figure():
+    image, target = _maps()
+    rgb = to_rgb(heatmap_figure(image, target, target, target))
+    assert rgb.dtype == np.uint8 and rgb.ndim == 3 and rgb.shape[-1] == 3
+    # red and blue pixels of the heatmaps are there, not a blank canvas
+    assert ((rgb[..., 0] > 200) & (rgb[..., 2] < 60)).any() and ((rgb[..., 2] > 200) & (rgb[..., 0] < 60)).any()
+
+
+@pytest.mark.parametrize("bad", [np.zeros((2, 8, 8, 1)), np.zeros(8)])
+def test_bad_map_shapes_are_refused(bad):
+    image, target = _maps()
+    with pytest.raises(ValueError, match="target heatmap has shape"):
+        heatmap_figure(image, bad, target, target)
+
+
+def test_empty_dataset_figure_is_refused():
+    with pytest.raises(ValueError, match="at least one row"):
+        dataset_figure([])
