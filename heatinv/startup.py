@@ -1,0 +1,72 @@
+"""Start TensorFlow without the start-up lines that alarm a user on a CPU machine.
+
+TensorFlow's C++ runtime writes to the process's stderr before its logging is set up, so
+``TF_CPP_MIN_LOG_LEVEL`` cannot hide those lines: on a CPU-only machine a CUDA build prints
+"Could not find cuda drivers", a oneDNN notice, a CPU-instructions notice and an error line
+``failed call to cuInit ... (303)``, none of which is a problem. :func:`start_tensorflow`
+imports TensorFlow and creates its devices with file descriptor 2 pointed at a temporary
+file, then writes back every captured line that is not one of those known notices, so an
+unexpected message is still shown.
+
+Only the command-line entry points call it, before anything imports TensorFlow.
+
+Example:
+>>> from heatinv.startup import start_tensorflow
+>>> start_tensorflow()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+KNOWN_NOTICES = re.compile(
+    "|".join(
+        (
+            r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+            r"cudart_stub\.cc.*Could not find cuda drivers",
+            r"oneDNN custom operations are on",
+            r"cpu_feature_guard\.cc",
+            r"^To enable the following instructions",
+            r"failed call to cuInit",
+            r"Unable to register cu(DNN|FFT|BLAS) factory",
+            r"computation_placer\.cc.*already registered",
+        )
+    )
+)
+"""Start-up lines of a CUDA build of TensorFlow on a machine without a GPU."""
+
+
+def start_tensorflow() -> None:
+    """Import TensorFlow and initialise its devices, dropping only :data:`KNOWN_NOTICES`.
+
+    Sets ``TF_CPP_MIN_LOG_LEVEL=2`` (unless the user set it) so that later informational
+    lines stay quiet too. Calling it again does nothing new.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable stderr (a detached daemon): nothing to keep quiet
+        import tensorflow  # noqa: F401
+
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()
+            tf.constant(0.0)  # creates the eager context: the cuInit line is written here
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        kept = [line for line in captured.read().decode(errors="replace").splitlines() if line.strip() and not KNOWN_NOTICES.search(line)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr, flush=True)
