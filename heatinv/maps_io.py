@@ -173,7 +173,20 @@ def _missing_file_error(path: str, resolved: str, what: str | None) -> FileNotFo
     )
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK"
+_PICKLE_MAGIC = b"\x80"  # a pickle of protocol 2 or later opens with PROTO
+
+
 def _read_npy(path: str, source: str) -> np.ndarray:
+    # np.load guesses the format from these bytes: anything without numpy's or zip's
+    # magic it takes for a pickle, and a broken zip escapes as BadZipFile. Decide here.
+    with open(path, "rb") as handle:
+        start = handle.read(len(_NPY_MAGIC))
+    if start.startswith(_ZIP_MAGIC):
+        raise _unreadable_error(source, "npy", "an .npz archive (zip), not a single array")
+    if not start.startswith(_NPY_MAGIC) and not start.startswith(_PICKLE_MAGIC):
+        raise _unreadable_error(source, "npy", f"it starts with {start!r}, not numpy's magic {_NPY_MAGIC!r}")
     try:
         array = np.load(path, allow_pickle=False)
     except ValueError as err:
@@ -188,11 +201,6 @@ def _read_npy(path: str, source: str) -> np.ndarray:
         raise _unreadable_error(source, "npy", err) from err
     except (OSError, EOFError) as err:
         raise _unreadable_error(source, "npy", err) from err
-    if not isinstance(array, np.ndarray):
-        # np.load hands back an NpzFile for a zip archive named .npy.
-        if hasattr(array, "close"):
-            array.close()
-        raise _unreadable_error(source, "npy", "an .npz archive, not a single array")
     if array.dtype.kind not in "biuf":  # bool, signed/unsigned int, float
         raise ValueError(
             f"heatinv/maps_io.py: {source} has dtype {array.dtype}; expected "
