@@ -493,6 +493,25 @@ def test_engine_hand_computed(rid: str, spec: Any, want: list, dtype: str) -> No
     np.testing.assert_allclose(got[0], want, rtol=HAND_RTOL, atol=1e-12)
 
 
+def test_stabilizer_takes_sign_0_as_plus_1() -> None:
+    """stab(z) = z + eps * sign(z) with sign(0) = +1 (Zennit's convention), seen through a gradient.
+
+    At z = 0 the relevance is 0 whatever sign(0) is, but its derivative is not. Dense 2 -> 1,
+    a = [1, 1], w = [1, -1], b = 0, so z = 0; epsilon 0.5, target 0, so R_out = z and
+    R_0 = a_0 w_0 z / stab(z) = z / (z + 0.5 sign(z)). Near z = 0, with sign(0) = +1,
+    R_0 = z / (z + 0.5) and dR_0/db = dR_0/dz = 0.5 / 0.5^2 = 2; with sign(0) = -1 it would be -2.
+    """
+    from heatinv.lrp import relevance
+
+    m = keras.Sequential([keras.Input((2,), dtype="float64"), L.Dense(1, dtype="float64")])
+    m.layers[-1].set_weights([np.array([[1.0], [-1.0]]), np.zeros(1)])
+    with tf.GradientTape() as tape:
+        r = relevance(m, np.ones((1, 2)), 0, composite=everywhere({"name": "epsilon", "epsilon": 0.5}))
+        first = r[0, 0]
+    np.testing.assert_array_equal(r.numpy(), [[0.0, 0.0]])
+    assert float(tape.gradient(first, m.layers[-1].bias)[0]) == pytest.approx(2.0, rel=1e-12)
+
+
 # Pooling and a convolution, by hand (Input -> layer -> Flatten -> Dense, target class 0).
 #
 # norm (AveragePooling1D(2)): a = [3, -1, 4, 2] -> pooled [1, 3]; Dense w = [2, -1], b = 0:
