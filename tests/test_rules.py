@@ -44,7 +44,7 @@ DTYPE_IDS = ["f64", "f32"]
 
 
 def engine(model: keras.Model, x: np.ndarray, target: Any, **kw: Any) -> np.ndarray:
-    """Call the engine under test (imported lazily: it may not exist yet)."""
+    """The engine under test, as a NumPy array."""
     from heatinv.lrp import relevance
 
     return np.asarray(relevance(model, x, target, **kw))
