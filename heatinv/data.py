@@ -283,9 +283,19 @@ def _mnist_images(file: str, key: str, x: np.ndarray) -> np.ndarray:
         raise _npz_error(file, f"{key} with shape {x.shape}, expected [N, 28, 28]")
     if x.dtype == np.uint8:
         return (x.astype(np.float32) / 255.0)[..., None]
-    if np.issubdtype(x.dtype, np.floating) and x.size and 0.0 <= x.min() and x.max() <= 1.0:
-        return x.astype(np.float32)[..., None]
-    raise _npz_error(file, f"{key} with dtype {x.dtype}, expected uint8 (or floats in [0, 1])")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise _npz_error(file, f"{key} with dtype {x.dtype}, expected uint8 (or floats in [0, 1])")
+    # NaN fails every comparison, so check it first and by name: it is not "in range".
+    bad = int(x.size - np.count_nonzero(np.isfinite(x)))
+    if bad or (x.size and not (0.0 <= x.min() and x.max() <= 1.0)):
+        found = f"{bad} NaN or infinite values" if bad else f"values in [{x.min():.3g}, {x.max():.3g}]"
+        raise ValueError(
+            f"heatinv/data.py load_mnist: '{file}' holds {key} with {found}; the models "
+            "work on images in [0, 1] (uint8 0..255 is scaled to it). Save the images "
+            "as uint8, or as floats in [0, 1] (e.g. x / 255 for 0..255 data, with NaN "
+            "replaced), or use data=digits."
+        )
+    return x.astype(np.float32)[..., None]
 
 
 def _mnist_labels(file: str, key: str, y: np.ndarray, n: int) -> np.ndarray:

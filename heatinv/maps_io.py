@@ -4,7 +4,10 @@ Files are parsed as data only: `.npy` is loaded with `allow_pickle=False`,
 so a file can never run code, and PNGs are decoded by `tf.io.decode_png`.
 
 - `.npy`: any numeric (or boolean) array, returned as float32 with its sign
-  and scale intact. Use this for signed relevance maps.
+  and scale intact. Use this for signed relevance maps. Values must be finite
+  in float32 and small enough that float32 can square and sum them over the
+  map (see `magnitude_limit`), or the similarity metrics and the first layer
+  overflow.
 - `.png`: 8- or 16-bit grayscale, gray+alpha, RGB or RGBA. Values are scaled
   to `[0, 1]`; colour is converted to luminance (`0.299 R + 0.587 G +
   0.114 B`, ITU-R BT.601) and alpha is dropped. The result is `[H, W, 1]`.
@@ -60,8 +63,9 @@ def read_map(
     Raises:
         FileNotFoundError: no file at `path`.
         ValueError: unsupported extension, unreadable or pickled content,
-            non-numeric values, NaN/Inf values, or a shape that does not
-            fit `expected_shape`.
+            non-numeric values, values that are NaN/Inf in float32, values
+            beyond `magnitude_limit`, or a shape that does not fit
+            `expected_shape`.
 
     Example:
 
@@ -84,9 +88,36 @@ def read_map(
             "(keeps sign and scale), or as a grayscale PNG."
         )
     _check_finite(array, source)
+    _check_magnitude(array, source)
+    array = array.astype(np.float32)
     if expected_shape is not None:
         array = fit_shape(array, expected_shape, source)
     return array
+
+
+def magnitude_limit(size: int) -> float:
+    """The largest |value| a map of `size` values may hold: sqrt(float32 max / size).
+
+    heatinv computes in float32. The similarity metrics (cosine, Pearson) sum the
+    squares of a map's `size` values, and the first layer sums `size` products of
+    the input with its weights: a map whose values all reach this bound squares
+    and sums to float32's largest finite number (3.4e38); beyond it the sum is
+    inf (a 28x28 target at 1.01 times the bound gave cosine -0.0 instead of
+    -0.0207 at 0.99 times). For a 28x28 map the bound is 6.6e17; the data sets'
+    images lie in [0, 1].
+
+    Args:
+        size: the number of values in the map (at least 1).
+
+    Returns:
+        The bound, a float.
+
+    Example:
+
+    >>> f"{magnitude_limit(784):.2g}"
+    '6.6e+17'
+    """
+    return math.sqrt(float(np.finfo(np.float32).max) / max(int(size), 1))
 
 
 def fit_shape(array: np.ndarray, expected_shape: tuple[int, ...], source: str = "the array") -> np.ndarray:
@@ -142,7 +173,20 @@ def _missing_file_error(path: str, resolved: str, what: str | None) -> FileNotFo
     )
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK"
+_PICKLE_MAGIC = b"\x80"  # a pickle of protocol 2 or later opens with PROTO
+
+
 def _read_npy(path: str, source: str) -> np.ndarray:
+    # np.load guesses the format from these bytes: anything without numpy's or zip's
+    # magic it takes for a pickle, and a broken zip escapes as BadZipFile. Decide here.
+    with open(path, "rb") as handle:
+        start = handle.read(len(_NPY_MAGIC))
+    if start.startswith(_ZIP_MAGIC):
+        raise _unreadable_error(source, "npy", "an .npz archive (zip), not a single array")
+    if not start.startswith(_NPY_MAGIC) and not start.startswith(_PICKLE_MAGIC):
+        raise _unreadable_error(source, "npy", f"it starts with {start!r}, not numpy's magic {_NPY_MAGIC!r}")
     try:
         array = np.load(path, allow_pickle=False)
     except ValueError as err:
@@ -157,18 +201,14 @@ def _read_npy(path: str, source: str) -> np.ndarray:
         raise _unreadable_error(source, "npy", err) from err
     except (OSError, EOFError) as err:
         raise _unreadable_error(source, "npy", err) from err
-    if not isinstance(array, np.ndarray):
-        # np.load hands back an NpzFile for a zip archive named .npy.
-        if hasattr(array, "close"):
-            array.close()
-        raise _unreadable_error(source, "npy", "an .npz archive, not a single array")
     if array.dtype.kind not in "biuf":  # bool, signed/unsigned int, float
         raise ValueError(
             f"heatinv/maps_io.py: {source} has dtype {array.dtype}; expected "
             "real numbers (float, int or bool). Save the map as a float "
             "array: np.save(path, np.asarray(heatmap, dtype=np.float32))."
         )
-    return array.astype(np.float32)
+    # float64 keeps the saved values for the error messages; read_map casts to float32.
+    return array.astype(np.float64)
 
 
 def _read_png(path: str, source: str) -> np.ndarray:
@@ -186,7 +226,7 @@ def _read_png(path: str, source: str) -> np.ndarray:
         gray = values[..., :1]
     else:  # RGB, or RGBA
         gray = values[..., :3] @ _LUMA[:, None]
-    return gray.astype(np.float32)
+    return gray
 
 
 def _unreadable_error(source: str, kind: str, detail) -> ValueError:
@@ -201,13 +241,37 @@ def _unreadable_error(source: str, kind: str, detail) -> ValueError:
 
 
 def _check_finite(array: np.ndarray, source: str) -> None:
-    bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+    """Finite after the cast to float32 (a float64 1e39 becomes inf there)."""
+    with np.errstate(over="ignore"):
+        finite = np.isfinite(array.astype(np.float32))
+    bad = int(array.size - np.count_nonzero(finite))
     if bad:
+        first = np.unravel_index(int(np.argmin(finite.reshape(-1))), array.shape)
         raise ValueError(
             f"heatinv/maps_io.py: {source} contains {bad} NaN or infinite "
-            f"value(s) out of {array.size}; expected finite numbers. Replace "
+            f"value(s) in float32 out of {array.size} (the first, at index "
+            f"{tuple(int(i) for i in first)}, is {float(array[first])!r}; float32 "
+            "ends at 3.4e38); expected finite numbers. Replace "
             "them before saving, e.g. np.nan_to_num(heatmap, nan=0.0, "
             "posinf=0.0, neginf=0.0), or regenerate the map."
+        )
+
+
+def _check_magnitude(array: np.ndarray, source: str) -> None:
+    if not array.size:
+        return
+    limit = magnitude_limit(array.size)
+    flat = np.abs(array.reshape(-1))
+    worst = int(np.argmax(flat))
+    if flat[worst] > limit:
+        where = tuple(int(i) for i in np.unravel_index(worst, array.shape))
+        raise ValueError(
+            f"heatinv/maps_io.py: {source} holds values up to {float(flat[worst]):.3g} "
+            f"in magnitude (at index {where}); a map of {array.size} values must "
+            f"stay within +-{limit:.2g}, or float32 overflows when heatinv's "
+            "similarity metrics square and sum it and when the first layer sums "
+            "the input times its weights. The data sets' images lie in [0, 1]. Rescale the map "
+            "before saving, e.g. np.save(path, array / np.abs(array).max())."
         )
 
 

@@ -1,24 +1,24 @@
 """Plain-NumPy reference implementation of the LRP rules, used only by the tests.
 
-Why: the engine in ``heatinv.lrp`` is written in TensorFlow and is meant to be
-differentiable; this module re-derives every rule directly from its formula, in
-float64, with its own convolution / pooling / batch-norm folding, so that the
-tests can compare the two implementations number for number.  Nothing here
-imports ``heatinv``; Keras is used only to read a built model's layers and
-weights.
+Why: the engine in ``heatinv.lrp`` is written in TensorFlow, as products and transposed
+products with modified kernels; this module writes every rule the other way, as its
+per-connection formula ``R_i = sum_j c_ij / z_j R_j`` over an explicit connection matrix
+(the way Zennit's tests write rules ``as_matrix``), in float64, with its own convolution,
+pooling and batch-norm folding.  A mistake made in the engine's sign splits, masks or
+bias placement does not reappear here.  Nothing here imports ``heatinv``; Keras is used
+only to read a built model's layers and weights.
 
 Conventions (one linear layer z = a.W + b; ``a`` its input, ``R`` the relevance
 of its outputs; every rule returns the relevance of its inputs):
 
 * ``stab(z, e) = z + e * s`` with ``s = +1`` where ``z >= 0`` and ``-1`` elsewhere.
 * Convolutions are channels_last, with Keras/TF ``valid``/``same`` padding,
-  strides and dilation; the "transpose" ``s W^T`` is the exact adjoint of the
-  forward convolution (a scatter-add).
+  strides and dilation; 1-D layers run as 2-D layers on a height-1 image.
 * Activations pass relevance through unchanged, Flatten/Reshape/Dropout only
   reshape, average pooling uses the "norm" rule (epsilon rule with stabilizer
   1e-6 on the pooling as a bias-free linear map), max pooling is
   winner-take-all (ties: every tied input receives the full relevance).
-* BatchNormalization directly after a Dense/Conv2D with linear activation is
+* BatchNormalization directly after a Dense/Conv with linear activation is
   folded into that layer.
 """
 
@@ -111,7 +111,7 @@ class Geometry2D:
 
 
 # ---------------------------------------------------------------------------
-# Convolution and its adjoint
+# Convolution
 # ---------------------------------------------------------------------------
 
 
@@ -126,20 +126,6 @@ def conv2d(a: Array, w: Array, strides: tuple[int, int], padding: str,
         for j in range(kw):
             out += np.einsum("nhwc,co->nhwo", ap[g.window(i, j)], w[i, j])
     return out
-
-
-def conv2d_adjoint(s: Array, w: Array, in_shape: tuple[int, ...], strides: tuple[int, int],
-                   padding: str, dilation: tuple[int, int] = (1, 1)) -> Array:
-    """Exact adjoint of :func:`conv2d` w.r.t. its input (scatter-add)."""
-    kh, kw = w.shape[:2]
-    g = Geometry2D.make(tuple(in_shape[1:3]), (kh, kw), strides, padding, dilation)
-    hp = in_shape[1] + sum(g.pads[0])
-    wp = in_shape[2] + sum(g.pads[1])
-    gp = np.zeros((s.shape[0], hp, wp, w.shape[2]), dtype=np.result_type(s, w))
-    for i in range(kh):
-        for j in range(kw):
-            gp[g.window(i, j)] += np.einsum("nhwo,co->nhwc", s, w[i, j])
-    return g.crop(gp)
 
 
 # ---------------------------------------------------------------------------
@@ -158,21 +144,6 @@ def avg_pool2d(a: Array, pool: tuple[int, int], strides: tuple[int, int], paddin
             tot += ap[g.window(i, j)]
             cnt += onep[g.window(i, j)]
     return tot / cnt
-
-
-def avg_pool2d_adjoint(s: Array, in_shape: tuple[int, ...], pool: tuple[int, int],
-                       strides: tuple[int, int], padding: str) -> Array:
-    g = Geometry2D.make(tuple(in_shape[1:3]), pool, strides, padding)
-    onep = g.pad(np.ones(in_shape))
-    cnt = np.zeros_like(s)
-    for i in range(pool[0]):
-        for j in range(pool[1]):
-            cnt += onep[g.window(i, j)]
-    gp = np.zeros_like(onep)
-    for i in range(pool[0]):
-        for j in range(pool[1]):
-            gp[g.window(i, j)] += s / cnt
-    return g.crop(gp)
 
 
 def max_pool2d(a: Array, pool: tuple[int, int], strides: tuple[int, int], padding: str) -> Array:
@@ -215,9 +186,14 @@ def max_pool2d_ties(a: Array, pool: tuple[int, int], strides: tuple[int, int], p
 # ---------------------------------------------------------------------------
 
 
+def _as_2d(a: Array) -> Array:
+    """(N, L, C) -> (N, 1, L, C): a 1-D layer is the 2-D one on a height-1 image."""
+    return a[:, None]
+
+
 @dataclass
 class Linear:
-    """Dense (on the last axis) or Conv2D, with (possibly BN-folded) float64 weights."""
+    """Dense (on the last axis, any rank), Conv1D or Conv2D, with (possibly BN-folded) float64 weights."""
 
     kind: str  # "dense" | "conv"
     w: Array
@@ -226,18 +202,15 @@ class Linear:
     padding: str = "valid"
     dilation: tuple[int, int] = (1, 1)
     name: str = ""
+    spatial: int = 2  # conv only: 1 for Conv1D (run as a height-1 Conv2D), 2 for Conv2D
 
     def fwd(self, a: Array, w: Array) -> Array:
         """a.W without bias, for an arbitrary weight tensor of self.w's shape."""
         if self.kind == "dense":
             return a @ w
+        if self.spatial == 1:
+            return conv2d(_as_2d(a), w[None], self.strides, self.padding, self.dilation)[:, 0]
         return conv2d(a, w, self.strides, self.padding, self.dilation)
-
-    def adj(self, s: Array, w: Array, in_shape: tuple[int, ...]) -> Array:
-        """s.W^T: the adjoint of ``fwd(., w)``."""
-        if self.kind == "dense":
-            return s @ w.T
-        return conv2d_adjoint(s, w, in_shape, self.strides, self.padding, self.dilation)
 
     def forward(self, a: Array) -> Array:
         return self.fwd(a, self.w) + self.b
@@ -262,17 +235,16 @@ class Pool:
     pool: tuple[int, int] = (1, 1)
     strides: tuple[int, int] = (1, 1)
     padding: str = "valid"
+    spatial: int = 2  # 1 for the 1-D poolings (run as height-1 2-D poolings)
 
     def forward(self, a: Array) -> Array:
-        if self.kind == "avg":
-            return avg_pool2d(a, self.pool, self.strides, self.padding)
-        if self.kind == "max":
-            return max_pool2d(a, self.pool, self.strides, self.padding)
-        if self.kind == "gavg":
-            return a.mean(axis=(1, 2))
-        if self.kind == "gmax":
-            return a.max(axis=(1, 2))
-        raise ValueError(self.kind)
+        if self.kind in ("gavg", "gmax"):
+            axes = tuple(range(1, a.ndim - 1))
+            return a.mean(axis=axes) if self.kind == "gavg" else a.max(axis=axes)
+        pool2d = {"avg": avg_pool2d, "max": max_pool2d}[self.kind]
+        if self.spatial == 1:
+            return pool2d(_as_2d(a), self.pool, self.strides, self.padding)[:, 0]
+        return pool2d(a, self.pool, self.strides, self.padding)
 
 
 Op = Union[Linear, Act, Reshape, Pool]
@@ -292,6 +264,10 @@ def _relu_general(max_value: float | None, slope: float, threshold: float) -> Ca
             y = np.where(z >= max_value, max_value, y)
         return y
     return f
+
+
+def _softplus_beta(beta: float) -> Callable[[Array], Array]:
+    return lambda z: np.logaddexp(0.0, beta * z) / beta
 
 
 _NAMED_ACTS: dict[str, Callable[[Array], Array]] = {
@@ -317,6 +293,8 @@ def _act_from_keras(fn: Any) -> Act | None:
 def _pair(v: Any) -> tuple[int, int]:
     if isinstance(v, int):
         return (v, v)
+    if len(v) == 1:  # a 1-D layer: height 1, run as 2-D
+        return (1, int(v[0]))
     return (int(v[0]), int(v[1]))
 
 
@@ -329,7 +307,7 @@ def extract(model: Any) -> list[Op]:
     for layer in model.layers:
         if isinstance(layer, L.InputLayer):
             continue
-        if isinstance(layer, (L.Dense, L.Conv2D)):
+        if isinstance(layer, (L.Dense, L.Conv1D, L.Conv2D)):
             weights = [np.asarray(v, dtype=np.float64) for v in layer.get_weights()]
             w = weights[0]
             b = weights[1] if layer.use_bias else np.zeros(w.shape[-1])
@@ -339,7 +317,8 @@ def extract(model: Any) -> list[Op]:
                 if layer.data_format != "channels_last" or getattr(layer, "groups", 1) != 1:
                     raise NotImplementedError("only channels_last, groups=1 convolutions")
                 ops.append(Linear("conv", w, b, _pair(layer.strides), layer.padding,
-                                  _pair(layer.dilation_rate), name=layer.name))
+                                  _pair(layer.dilation_rate), name=layer.name,
+                                  spatial=1 if isinstance(layer, L.Conv1D) else 2))
             act = _act_from_keras(layer.activation)
             if act is not None:
                 ops.append(act)
@@ -367,23 +346,24 @@ def extract(model: Any) -> list[Op]:
             act = _act_from_keras(layer.activation)
             if act is not None:
                 ops.append(act)
+        elif type(layer).__name__ == "SoftplusBeta":  # heatinv.layers, read by its formula
+            ops.append(Act(_softplus_beta(float(layer.beta)), "softplus_beta"))
         elif isinstance(layer, L.Flatten):
             ops.append(Reshape(None))
         elif isinstance(layer, L.Reshape):
             ops.append(Reshape(tuple(layer.target_shape)))
         elif isinstance(layer, L.Dropout):
             continue
-        elif isinstance(layer, (L.AveragePooling2D, L.MaxPooling2D)):
-            kind = "avg" if isinstance(layer, L.AveragePooling2D) else "max"
-            ops.append(Pool(kind, _pair(layer.pool_size), _pair(layer.strides), layer.padding))
-        elif isinstance(layer, L.GlobalAveragePooling2D):
+        elif isinstance(layer, (L.AveragePooling1D, L.AveragePooling2D, L.MaxPooling1D, L.MaxPooling2D)):
+            kind = "avg" if isinstance(layer, (L.AveragePooling1D, L.AveragePooling2D)) else "max"
+            spatial = 1 if isinstance(layer, (L.AveragePooling1D, L.MaxPooling1D)) else 2
+            ops.append(Pool(kind, _pair(layer.pool_size), _pair(layer.strides), layer.padding, spatial))
+        elif isinstance(layer, (L.GlobalAveragePooling1D, L.GlobalAveragePooling2D,
+                                L.GlobalMaxPooling1D, L.GlobalMaxPooling2D)):
             if layer.keepdims:
                 raise NotImplementedError("keepdims")
-            ops.append(Pool("gavg"))
-        elif isinstance(layer, L.GlobalMaxPooling2D):
-            if layer.keepdims:
-                raise NotImplementedError("keepdims")
-            ops.append(Pool("gmax"))
+            average = isinstance(layer, (L.GlobalAveragePooling1D, L.GlobalAveragePooling2D))
+            ops.append(Pool("gavg" if average else "gmax"))
         else:
             raise NotImplementedError(f"layer {type(layer).__name__}")
     return ops
@@ -394,7 +374,7 @@ def fold_batchnorm(lin: Linear, gamma: Array, beta: Array, mean: Array, var: Arr
     """Fold inference-mode BN (on the output-channel axis) into ``lin``."""
     scale = gamma / np.sqrt(var + eps)
     return Linear(lin.kind, lin.w * scale, (lin.b - mean) * scale + beta,
-                  lin.strides, lin.padding, lin.dilation, lin.name)
+                  lin.strides, lin.padding, lin.dilation, lin.name, lin.spatial)
 
 
 # ---------------------------------------------------------------------------
@@ -428,73 +408,101 @@ def predict(model_or_ops: Any, x: ArrayLike) -> Array:
 
 
 # ---------------------------------------------------------------------------
-# The rules (one linear layer)
+# The rules, one connection at a time
 # ---------------------------------------------------------------------------
+# Every linear map (Dense of any rank, Conv1D/2D, average pooling) is read off as its
+# connection matrix M (per sample, inputs and outputs flattened): M[i, j] is the weight
+# that links input i to output j, found by sending each unit vector through the map.
+# For a convolution each (input, output) pair is linked by at most one kernel tap, so
+# pos(M), neg(M) and M**2 are the matrices of the convolution with pos(W), neg(W), W**2.
+#
+# Each rule is then the textbook per-connection formula
+#     R_i = sum_j  c_ij / stab(sum_i' c_i'j + d_j)  R_j
+# with its own contributions c_ij and denominator term d_j (Bach et al. 2015; Montavon et
+# al. 2017, 2019; Andéol et al. 2021 for gamma on signed inputs; bias conventions as in
+# Zennit 0.5.1, read from its rules.py: zplus/alpha-beta put b+ (b-) in the positive
+# (negative) denominator, gamma b + gamma*b+ (b + gamma*b-), wsquare b**2, zbox and flat
+# no bias).  Stabilizer 1e-6 with sign(0) = +1 for every rule but epsilon, and 1e-12 for
+# LRP-0 (0 in the papers; heatinv's choice, so that 0/0 is 0).
 
 STAB = 1e-6
 ZERO_STAB = 1e-12
 
 
-def rule_epsilon(op: Linear, a: Array, r: Array, e: float) -> Array:
-    z = op.fwd(a, op.w) + op.b
-    return a * op.adj(r / stab(z, e), op.w, a.shape)
+def connection_matrix(fmap: Callable[[Array], Array], in_shape: tuple[int, ...]) -> Array:
+    """M[i, j] of a linear, bias-free map of one sample (inputs/outputs flattened)."""
+    n = int(np.prod(in_shape))
+    basis = np.eye(n).reshape((n, *in_shape))
+    return fmap(basis).reshape(n, -1)
 
 
-def rule_zero(op: Linear, a: Array, r: Array) -> Array:
-    return rule_epsilon(op, a, r, ZERO_STAB)
+def redistribute(c: Array, d: Array, r: Array, e: float = STAB) -> Array:
+    """R_i = sum_j c_ij / stab(sum_i c_ij + d_j) R_j, for c [N, in, out], d [out] or [N, out], r [N, out]."""
+    z = c.sum(axis=1) + d
+    return np.einsum("nij,nj->ni", c, r / stab(z, e))
 
 
-def rule_alpha_beta(op: Linear, a: Array, r: Array, alpha: float, beta: float) -> Array:
-    if not np.isclose(alpha - beta, 1.0):
-        raise ValueError("alpha - beta must be 1")
-    w, b = op.w, op.b
-    wp, wn, bp, bn, ap, an = pos(w), neg(w), pos(b), neg(b), pos(a), neg(a)
-    zp = op.fwd(ap, wp) + bp + op.fwd(an, wn)
-    zn = op.fwd(ap, wn) + bn + op.fwd(an, wp)
-    sp, sn = r / stab(zp, STAB), r / stab(zn, STAB)
-    rp = ap * op.adj(sp, wp, a.shape) + an * op.adj(sp, wn, a.shape)
-    rn = ap * op.adj(sn, wn, a.shape) + an * op.adj(sn, wp, a.shape)
-    return alpha * rp - beta * rn
+def rule_epsilon(a: Array, m: Array, b: Array, r: Array, e: float) -> Array:
+    """c_ij = a_i w_ij, d_j = b_j, stabilizer e."""
+    return redistribute(a[:, :, None] * m, b, r, e)
 
 
-def rule_zplus(op: Linear, a: Array, r: Array) -> Array:
-    return rule_alpha_beta(op, a, r, 1.0, 0.0)
+def rule_zero(a: Array, m: Array, b: Array, r: Array) -> Array:
+    return redistribute(a[:, :, None] * m, b, r, ZERO_STAB)
 
 
-def rule_gamma(op: Linear, a: Array, r: Array, g: float) -> Array:
-    w, b = op.w, op.b
-    z = op.fwd(a, w) + b
-    mp, mn = (z > 0).astype(np.float64), (z < 0).astype(np.float64)
-    wup, wdn = w + g * pos(w), w + g * neg(w)
-    bup, bdn = b + g * pos(b), b + g * neg(b)
-    ap, an = pos(a), neg(a)
-    zp = op.fwd(ap, wup) + bup + op.fwd(an, wdn)
-    zn = op.fwd(ap, wdn) + bdn + op.fwd(an, wup)
-    sp, sn = mp * r / stab(zp, STAB), mn * r / stab(zn, STAB)
-    return (ap * op.adj(sp, wup, a.shape) + an * op.adj(sp, wdn, a.shape)
-            + ap * op.adj(sn, wdn, a.shape) + an * op.adj(sn, wup, a.shape))
+def rule_zplus(a: Array, m: Array, b: Array, r: Array) -> Array:
+    """c_ij = (a_i w_ij)+, d_j = b_j+."""
+    return redistribute(pos(a[:, :, None] * m), pos(b), r)
 
 
-def rule_zbox(op: Linear, a: Array, r: Array, low: ArrayLike, high: ArrayLike) -> Array:
-    lo = np.broadcast_to(np.asarray(low, np.float64), a.shape)
-    hi = np.broadcast_to(np.asarray(high, np.float64), a.shape)
-    w = op.w
-    wp, wn = pos(w), neg(w)
-    z = op.fwd(a, w) - op.fwd(lo, wp) - op.fwd(hi, wn)
-    s = r / stab(z, STAB)
-    return a * op.adj(s, w, a.shape) - lo * op.adj(s, wp, a.shape) - hi * op.adj(s, wn, a.shape)
+def rule_alpha_beta(a: Array, m: Array, b: Array, r: Array, alpha: float, beta: float) -> Array:
+    """alpha * [c = (a_i w_ij)+, d = b_j+]  -  beta * [c = (a_i w_ij)-, d = b_j-]."""
+    contribution = a[:, :, None] * m
+    return (alpha * redistribute(pos(contribution), pos(b), r)
+            - beta * redistribute(neg(contribution), neg(b), r))
 
 
-def rule_flat(op: Linear, a: Array, r: Array) -> Array:
-    ones_w = np.ones_like(op.w)
-    z = op.fwd(np.ones_like(a), ones_w)
-    return op.adj(r / stab(z, STAB), ones_w, a.shape)
+def rule_gamma(a: Array, m: Array, b: Array, r: Array, g: float) -> Array:
+    """Where z_j > 0: c_ij = a_i w_ij + g (a_i w_ij)+, d_j = b_j + g b_j+;
+    where z_j < 0: c_ij = a_i w_ij + g (a_i w_ij)-, d_j = b_j + g b_j-; z_j = 0: nothing."""
+    contribution = a[:, :, None] * m
+    z = contribution.sum(axis=1) + b
+    up = redistribute(contribution + g * pos(contribution), b + g * pos(b), np.where(z > 0, r, 0.0))
+    down = redistribute(contribution + g * neg(contribution), b + g * neg(b), np.where(z < 0, r, 0.0))
+    return up + down
 
 
-def rule_wsquare(op: Linear, a: Array, r: Array) -> Array:
-    w2 = op.w ** 2
-    z = op.fwd(np.ones_like(a), w2) + op.b ** 2
-    return op.adj(r / stab(z, STAB), w2, a.shape)
+def rule_zbox(a: Array, m: Array, r: Array, low: Array, high: Array) -> Array:
+    """c_ij = a_i w_ij - l_i w_ij+ - h_i w_ij-, no bias; l, h per input (flattened)."""
+    c = a[:, :, None] * m - low[:, :, None] * pos(m) - high[:, :, None] * neg(m)
+    return redistribute(c, 0.0, r)
+
+
+def rule_flat(connected: Array, r: Array) -> Array:
+    """c_ij = 1 where input i feeds output j (0 elsewhere), no bias."""
+    return redistribute(np.broadcast_to(connected, (len(r), *connected.shape)), 0.0, r)
+
+
+def rule_wsquare(m: Array, b: Array, r: Array) -> Array:
+    """c_ij = w_ij**2, d_j = b_j**2."""
+    return redistribute(np.broadcast_to(m ** 2, (len(r), *m.shape)), b ** 2, r)
+
+
+def rule_norm(a: Array, p: Array, r: Array) -> Array:
+    """Average pooling as a bias-free linear map P: c_ij = a_i P_ij."""
+    return redistribute(a[:, :, None] * p, 0.0, r)
+
+
+def winner_takes_all(op: Pool, a: Array, r: Array) -> Array:
+    """Max pooling: each pooled output's relevance goes to the input(s) holding its maximum."""
+    if op.kind == "gmax":
+        axes = tuple(range(1, a.ndim - 1))
+        m = a.max(axis=axes, keepdims=True)
+        return np.where(a == m, r.reshape(m.shape), 0.0)
+    if op.spatial == 1:
+        return max_pool2d_wta(_as_2d(a), _as_2d(r), op.pool, op.strides, op.padding)[:, 0]
+    return max_pool2d_wta(a, r, op.pool, op.strides, op.padding)
 
 
 # ---------------------------------------------------------------------------
@@ -522,8 +530,11 @@ class Defaults:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_rule(spec: RuleSpec, d: Defaults) -> Callable[[Linear, Array, Array], Array]:
-    """Turn a rule spec (name or {"name": ..., **params}) into a callable."""
+LayerRule = Callable[[Linear, Array, Array], Array]
+
+
+def make_rule(spec: RuleSpec, d: Defaults) -> LayerRule:
+    """A rule spec (name or {"name": ..., **params}) as ``rule(op, a, r) -> R_in`` on unflattened arrays."""
     if spec is None:
         raise ValueError("no rule")
     if isinstance(spec, str):
@@ -531,26 +542,45 @@ def make_rule(spec: RuleSpec, d: Defaults) -> Callable[[Linear, Array, Array], A
     else:
         params = dict(spec)
         name = params.pop("name")
+
+    def on_layer(per_connection: Callable[..., Array]) -> LayerRule:
+        def apply(op: Linear, a: Array, r: Array) -> Array:
+            in_shape, n = a.shape[1:], len(a)
+            m = connection_matrix(lambda v: op.fwd(v, op.w), in_shape)
+            b = np.broadcast_to(op.b, r.shape[1:]).reshape(-1)
+            flat = per_connection(op=op, a=a.reshape(n, -1), m=m, b=b, r=r.reshape(n, -1), in_shape=in_shape)
+            return flat.reshape(a.shape)
+        return apply
+
     if name == "zero":
-        return rule_zero
+        return on_layer(lambda a, m, b, r, **_: rule_zero(a, m, b, r))
     if name == "epsilon":
         e = float(params.get("epsilon", d.epsilon))
-        return lambda op, a, r: rule_epsilon(op, a, r, e)
+        return on_layer(lambda a, m, b, r, **_: rule_epsilon(a, m, b, r, e))
     if name == "zplus":
-        return rule_zplus
+        return on_layer(lambda a, m, b, r, **_: rule_zplus(a, m, b, r))
     if name == "alpha_beta":
         al, be = float(params["alpha"]), float(params["beta"])
-        return lambda op, a, r: rule_alpha_beta(op, a, r, al, be)
+        if not np.isclose(al - be, 1.0):
+            raise ValueError("alpha - beta must be 1")
+        return on_layer(lambda a, m, b, r, **_: rule_alpha_beta(a, m, b, r, al, be))
     if name == "gamma":
         g = float(params.get("gamma", d.gamma))
-        return lambda op, a, r: rule_gamma(op, a, r, g)
+        return on_layer(lambda a, m, b, r, **_: rule_gamma(a, m, b, r, g))
     if name == "zbox":
         lo, hi = params.get("low", d.low), params.get("high", d.high)
-        return lambda op, a, r: rule_zbox(op, a, r, lo, hi)
+
+        def zbox(a, m, r, in_shape, **_):
+            def per_input(v):
+                return np.broadcast_to(np.asarray(v, np.float64), (len(a), *in_shape)).reshape(len(a), -1)
+            return rule_zbox(a, m, r, per_input(lo), per_input(hi))
+        return on_layer(zbox)
     if name == "flat":
-        return rule_flat
+        def flat(op, r, in_shape, **_):
+            return rule_flat(connection_matrix(lambda v: op.fwd(v, np.ones_like(op.w)), in_shape), r)
+        return on_layer(flat)
     if name == "wsquare":
-        return rule_wsquare
+        return on_layer(lambda m, b, r, **_: rule_wsquare(m, b, r))
     raise ValueError(f"unknown rule {name!r}")
 
 
@@ -615,19 +645,11 @@ def relevance(model_or_ops: Any, x: ArrayLike, target: ArrayLike,
             pass
         elif isinstance(op, Reshape):
             r = r.reshape(a.shape)
+        elif isinstance(op, Pool) and op.kind in ("avg", "gavg"):
+            p = connection_matrix(op.forward, a.shape[1:])
+            r = rule_norm(a.reshape(len(a), -1), p, r.reshape(len(a), -1)).reshape(a.shape)
         elif isinstance(op, Pool):
-            if op.kind == "avg":
-                z = avg_pool2d(a, op.pool, op.strides, op.padding)
-                r = a * avg_pool2d_adjoint(r / stab(z, STAB), a.shape, op.pool, op.strides, op.padding)
-            elif op.kind == "gavg":
-                z = a.mean(axis=(1, 2))
-                s = r / stab(z, STAB)
-                r = a * np.broadcast_to(s[:, None, None, :] / (a.shape[1] * a.shape[2]), a.shape)
-            elif op.kind == "max":
-                r = max_pool2d_wta(a, r, op.pool, op.strides, op.padding)
-            elif op.kind == "gmax":
-                m = a.max(axis=(1, 2), keepdims=True)
-                r = np.where(a == m, r[:, None, None, :], 0.0)
+            r = winner_takes_all(op, a, r)
         else:
             raise TypeError(op)
     return r
@@ -640,7 +662,9 @@ def count_maxpool_ties(model_or_ops: Any, x: ArrayLike) -> int:
     n = 0
     for op, a in zip(ops, acts):
         if isinstance(op, Pool) and op.kind == "max":
-            n += max_pool2d_ties(a, op.pool, op.strides, op.padding)
+            a2 = _as_2d(a) if op.spatial == 1 else a
+            n += max_pool2d_ties(a2, op.pool, op.strides, op.padding)
         elif isinstance(op, Pool) and op.kind == "gmax":
-            n += int(np.sum((a == a.max(axis=(1, 2), keepdims=True)).sum(axis=(1, 2)) > 1))
+            axes = tuple(range(1, a.ndim - 1))
+            n += int(np.sum((a == a.max(axis=axes, keepdims=True)).sum(axis=axes) > 1))
     return n

@@ -25,6 +25,7 @@ from heatinv.doctor import (
 from heatinv.doctor import checks
 from heatinv.doctor.objectives import Probe
 from heatinv.lrp import LRP
+from heatinv.lrp.canonize import canonize
 from heatinv.models import Architecture, build_model
 
 
@@ -172,10 +173,72 @@ def test_lrp_zero_division_found_and_fixed_by_epsilon(rng):
 
 
 def test_non_finite_gradients_are_reported(mlp, image):
-    probe = SaliencyObjective().probe(mlp, image, 3, tf.float32)
+    objective = SaliencyObjective()
+    probe = objective.probe(mlp, image, 3, tf.float32)
     probe.gradients["input"] = tf.fill([1, 28, 28, 1], np.nan)
-    findings = checks.non_finite(probe)
-    assert codes(findings) == ["nan-division"] and "784" in findings[0].message
+    findings = checks.non_finite(objective, canonize(mlp), probe)
+    assert codes(findings) == ["non-finite"] and findings[0].layer == "input"
+    assert "784 of the 784 values of the gradient of input" in findings[0].message
+    assert "lrp.epsilon" in findings[0].fix
+
+
+# Values beyond float32: the doctor names where NaN/Inf first appears and reports nothing
+# else from comparisons that NaN makes unknown (issue #17: an input of 1e38 was reported
+# as nan-division and as zero-residual with "max |heatmap - target| = nan").
+
+
+def test_huge_input_is_a_non_finite_loss_not_a_zero_residual(mlp, rng):
+    target = rng.normal(0, 0.01, (1, 28, 28, 1)).astype("float32")
+    huge = np.full((1, 28, 28, 1), 1e38, "float32")
+    objective = HeatmapObjective(target, LRP(mlp))
+    probe = objective.probe(mlp, huge, 7, tf.float32)
+    # what the finding claims: every layer output and the heatmap are finite, the loss is not
+    assert all(np.isfinite(t.numpy()).all() for t in probe.fwd.inputs) and np.isfinite(probe.heatmap.numpy()).all()
+    assert not np.isfinite(probe.loss)
+    findings = diagnose(mlp, huge, 7, objective)
+    assert codes(findings) == ["non-finite"]
+    assert findings[0].message.startswith("the loss is inf in float32") and "largest |heatmap| 9.6e+36" in findings[0].message
+    assert "trainer.precision=float64" in findings[0].fix
+
+
+def test_input_that_overflows_the_first_layer_names_the_layer(mlp, rng):
+    target = rng.normal(0, 0.01, (1, 28, 28, 1)).astype("float32")
+    huge = np.full((1, 28, 28, 1), 3e38, "float32")
+    findings = diagnose(mlp, huge, 7, HeatmapObjective(target, LRP(mlp)))
+    first_dense = next(layer for layer in mlp.layers if isinstance(layer, keras.layers.Dense))
+    assert codes(findings) == ["non-finite"] and findings[0].layer == first_dense.name
+    assert "while the input is finite (largest |value| 3e+38)" in findings[0].message
+
+
+def test_infinite_input_is_named_as_the_input(mlp, image, rng):
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    bad = image.copy()
+    bad[0, 5, 5, 0] = np.inf
+    findings = diagnose(mlp, bad, 7, HeatmapObjective(target, LRP(mlp)))
+    assert codes(findings) == ["non-finite"] and findings[0].layer == "input"
+    assert "1 of the 784 values of the input are NaN or Inf" in findings[0].message
+
+
+def test_nan_target_is_named_and_its_residual_is_not_zero(mlp, image, rng):
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    target[0, 3, 3, 0] = np.nan
+    findings = diagnose(mlp, image, 7, HeatmapObjective(target, LRP(mlp)))
+    assert codes(findings) == ["non-finite"] and "the target are NaN or Inf" in findings[0].message
+
+
+def test_nan_residual_is_unknown_to_every_comparison(mlp, image):
+    """A heatmap of NaN: zero_residual and all_zero must not read NaN as zero."""
+    lrp = LRP(mlp)
+    objective = HeatmapObjective(lrp(image, 7).numpy(), lrp)  # a target the heatmap equals: zero residual
+    probe = objective.probe(mlp, image, 7, tf.float32)
+    assert codes(checks.zero_residual(objective, probe)) == ["zero-residual"]  # the control
+    probe.heatmap = tf.fill(probe.heatmap.shape, np.nan)
+    assert checks.zero_residual(objective, probe) == []
+    findings = checks.non_finite(objective, canonize(mlp), probe)
+    assert codes(findings) == ["non-finite"] and "784 of the 784 values of the heatmap" in findings[0].message
+    nan_gradients = {name: tf.fill(g.shape, np.nan) for name, g in probe.gradients.items()}
+    probe.gradients = nan_gradients
+    assert not checks.all_zero(probe)
 
 
 def test_piecewise_linear_found_and_fixed_by_softplus(image, rng):
@@ -193,7 +256,7 @@ def test_piecewise_linear_found_and_fixed_by_softplus(image, rng):
 def test_every_code_is_documented_and_reports_read_well():
     assert set(CODES) >= {
         "zero-residual", "dead-output", "dead-units", "softmax-saturated",
-        "underflow", "unconnected", "nan-division", "piecewise-linear",
+        "underflow", "unconnected", "nan-division", "non-finite", "piecewise-linear",
     }
     with pytest.raises(ValueError, match="Unknown finding code"):
         Finding("made-up", None, "", "")

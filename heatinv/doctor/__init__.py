@@ -53,7 +53,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     probe = objective.probe(model, x, label, tf.as_dtype(precision))
     findings = (
         checks.unconnected(probe)
-        + checks.non_finite(probe)
+        + checks.non_finite(objective, steps, probe)
         + checks.zero_residual(objective, probe)
         + checks.dead_output(objective, steps, probe, label)
         + checks.dead_units(steps, probe)
@@ -63,7 +63,8 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     )
     # A zero residual is exact only at the working precision: in float64 the target's own
     # rounding reappears as a residual, which is not an underflow.
-    if precision == "float32" and not any(f.code == "zero-residual" for f in findings):
+    # Non-finite values make the float32/float64 comparison unknown.
+    if precision == "float32" and not any(f.code in ("zero-residual", "non-finite") for f in findings):
         findings += checks.underflow(probe, objective.probe(model, x, label, tf.float64))
     if not findings and checks.all_zero(probe):
         findings.append(

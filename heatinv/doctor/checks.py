@@ -83,27 +83,95 @@ def integer_input(x) -> list[Finding]:
     ]
 
 
-def non_finite(probe: Probe) -> list[Finding]:
-    bad = {
-        name: int(tf.reduce_sum(tf.cast(~tf.math.is_finite(g), tf.int32)))
-        for name, g in probe.gradients.items()
-        if g is not None
-    }
-    bad = {name: count for name, count in bad.items() if count}
-    if not bad and np.isfinite(probe.loss):
-        return []
-    where = ", ".join(f"{name} ({count})" for name, count in bad.items()) or "the loss"
-    return [
-        Finding(
-            "nan-division",
-            next(iter(bad), None),
-            f"Non-finite values in {probe.dtype.name}: NaN or Inf entries in {where}. A division by a "
-            "zero denominator (LRP-0's R / z with z = 0, or tf.where(z != 0, a / z, 0), whose gradient is "
-            "NaN) is the usual source.",
-            "Divide by a stabilized denominator, z + eps * sign(z) with sign(0) = +1, as heatinv's rules "
-            "do: lrp.composite=epsilon lrp.epsilon=1e-6.",
+def _count_non_finite(values) -> int:
+    values = np.asarray(values, np.float64)
+    return int(values.size - np.count_nonzero(np.isfinite(values)))
+
+
+def _largest(values) -> str:
+    return _fmt(float(np.max(np.abs(np.asarray(values, np.float64))))) if np.size(values) else "none"
+
+
+def _forward_places(steps, probe: Probe):
+    """(where, layer, values) from the input through every layer's output."""
+    yield "the input", "input", probe.fwd.inputs[0]
+    for i, step in enumerate(steps):
+        output = probe.fwd.inputs[i + 1] if i + 1 < len(steps) else probe.fwd.outputs
+        yield f"the output of layer {step.layer.name}", step.layer.name, output
+
+
+def non_finite(objective, steps, probe: Probe) -> list[Finding]:
+    """NaN or Inf anywhere from the input to the gradients, reported once, where it first appears.
+
+    The places are visited in the order the computation runs: the input, each layer's
+    output, the heatmap, the target, the residual heatmap - target, the loss, the gradients.
+    """
+    target = getattr(objective, "target", None)
+    places = list(_forward_places(steps, probe))
+    if probe.heatmap is not None:
+        heatmap = probe.heatmap.numpy().astype(np.float64)
+        places.append(("the heatmap", None, heatmap))
+        if target is not None:
+            places.append(("the target", None, target))
+            with np.errstate(over="ignore", invalid="ignore"):
+                residual = (probe.heatmap - tf.cast(target, probe.heatmap.dtype)).numpy()
+            places.append(("the residual heatmap - target", None, residual))
+    places.append(("the loss", None, probe.loss))
+    places += [(f"the gradient of {name}", name, g) for name, g in probe.gradients.items() if g is not None]
+    for where, layer, values in places:
+        bad = _count_non_finite(values)
+        if bad:
+            return [_non_finite_finding(where, layer, values, bad, objective, probe)]
+    return []
+
+
+def _non_finite_finding(where: str, layer, values, bad: int, objective, probe: Probe) -> Finding:
+    dtype = probe.dtype.name
+    x = probe.fwd.inputs[0]
+    size = int(np.size(values))
+    if size == 1:
+        head = f"{where} is {float(np.asarray(values).reshape(-1)[0])} in {dtype}"
+    else:
+        head = f"{bad} of the {size} values of {where} are NaN or Inf in {dtype}"
+    if where == "the input":
+        return Finding(
+            "non-finite", layer, f"{head}: every value computed from it can be NaN or Inf.",
+            "Replace the non-finite values before the run (np.nan_to_num), or fix the file they came from.",
         )
-    ]
+    if where.startswith("the output of layer"):
+        return Finding(
+            "non-finite", layer,
+            f"{head}, while the input is finite (largest |value| {_largest(x)}): the layer's sums overflow "
+            f"{dtype} (largest finite value {np.finfo(probe.dtype.as_numpy_dtype).max:.2g}).",
+            "Rescale the input to the data's range [0, 1] (e.g. x / np.abs(x).max()); if the weights grew "
+            "until they overflow, lower optimizer.lr.",
+        )
+    if where in ("the residual heatmap - target", "the loss"):
+        heatmap, target = probe.heatmap, getattr(objective, "target", None)
+        scale = f"largest |heatmap| {_largest(heatmap)}, largest |target| {_largest(target)}" if heatmap is not None else f"largest |input| {_largest(x)}"
+        return Finding(
+            "non-finite", layer,
+            f"{head}, while everything before it is finite ({scale}): the loss squares and sums values beyond "
+            f"what {dtype} holds.",
+            "Rescale the input to [0, 1] (the heatmap scales with it) and the target to the heatmap's size, or "
+            "compute in float64: trainer.precision=float64.",
+        )
+    if where in ("the heatmap", "the target"):
+        fix = (
+            "Replace the target's non-finite values (np.nan_to_num) or regenerate it."
+            if where == "the target"
+            else "Use a stabilized rule: lrp.composite=epsilon lrp.epsilon=1e-6; if the layer outputs are large, "
+            "rescale the input to [0, 1]."
+        )
+        return Finding("non-finite", None, f"{head}, while the layers' outputs are finite.", fix)
+    return Finding(
+        "non-finite",
+        layer,
+        f"{head}, while the loss is finite ({_fmt(probe.loss)}). A division by a zero denominator (LRP-0's "
+        "R / z with z = 0, or tf.where(z != 0, a / z, 0), whose gradient is NaN) is the usual source.",
+        "Divide by a stabilized denominator, z + eps * sign(z) with sign(0) = +1, as heatinv's rules "
+        "do: lrp.composite=epsilon lrp.epsilon=1e-6.",
+    )
 
 
 def lrp_zero_division(objective, steps, probe: Probe) -> list[Finding]:
@@ -135,7 +203,8 @@ def zero_residual(objective, probe: Probe) -> list[Finding]:
     target = np.asarray(objective.target, np.float64)
     residual = float(np.max(np.abs(probe.heatmap.numpy().astype(np.float64) - target)))
     scale = float(np.max(np.abs(target))) or 1.0
-    if residual > 1e-6 * scale:
+    # A NaN residual is unknown, not zero: "not (residual <= tolerance)" keeps it out.
+    if not residual <= 1e-6 * scale:
         return []
     return [
         Finding(
@@ -256,6 +325,8 @@ def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
         if g32 is None or g64 is None:
             continue
         g32, g64 = g32.numpy(), g64.numpy()
+        if not (np.isfinite(g32).all() and np.isfinite(g64).all()):
+            continue  # a comparison with NaN or Inf proves nothing either way
         # Underflow proper: the float64 value is below float32's smallest normal number. A
         # larger float64 value with a float32 zero is cancellation (a gradient that is zero in
         # exact arithmetic, such as the last bias under LRP-0), not underflow.
@@ -280,7 +351,7 @@ def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:
     if not isinstance(objective, ExplanationObjective):
         return []
     gradient = probe.gradients.get("input")
-    if gradient is None or float(tf.reduce_max(tf.abs(gradient))) != 0.0:
+    if gradient is None or not np.all(gradient.numpy() == 0):  # NaN is not zero
         return []
     smooth = any(isinstance(s, Elementwise) and isinstance(s.layer, SoftplusBeta) for s in steps)
     if smooth:
@@ -299,5 +370,5 @@ def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:
 
 
 def all_zero(probe: Probe) -> bool:
-    """Whether every gradient is None or exactly zero."""
-    return all(g is None or float(tf.reduce_max(tf.abs(g))) == 0.0 for g in probe.gradients.values())
+    """Whether every gradient is None or exactly zero (NaN is not zero)."""
+    return all(g is None or np.all(g.numpy() == 0) for g in probe.gradients.values())

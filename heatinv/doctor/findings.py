@@ -11,7 +11,8 @@ CODES = {
     "softmax-saturated": "a probability rounds to 1 (or 0), so the loss's gradient through the softmax vanishes",
     "underflow": "gradients are zero in float32 but not in float64",
     "unconnected": "a variable or the input has no path to the loss",
-    "nan-division": "LRP-0 divides by z = 0 (0/0), or values are not finite",
+    "nan-division": "LRP-0 divides by z = 0 (0/0): no relevance and no gradient through those units",
+    "non-finite": "NaN or Inf, reported where it first appears (input, a layer's output, heatmap, target, residual, loss or a gradient)",
     "piecewise-linear": "the input-derivative of a ReLU network's gradient explanation is zero",
     "all-zero": "every gradient is exactly zero and none of the causes above was found",
 }
