@@ -97,6 +97,8 @@ class Twin:
         merges: ``[((linear_module_name,), batch_norm_module_name)]`` for Zennit's
             ``NamedMergeBatchNorm``: the BatchNorms heatinv folds into the layer before.
         input_shape: the Keras input shape without the batch axis.
+        to_first_layer: what the torch model does to its input before the first linear
+            layer (zero padding), or None if nothing; the z^B rule's box is carried through it.
     """
 
     name: str
@@ -104,6 +106,7 @@ class Twin:
     torch_model: object
     merges: list[tuple[tuple[str, ...], str]]
     input_shape: tuple[int, ...]
+    to_first_layer: Callable | None = None
 
 
 def to_torch_layout(x: np.ndarray) -> np.ndarray:
@@ -498,6 +501,11 @@ def mobilenet_block(seed: int = 0) -> Twin:
     ReLU6, project 1x1, BN, Add with the block input; ``block2``: expand 1x1, BN, ReLU6, pad,
     depthwise 3x3/2 valid with depth multiplier 2, BN, ReLU6, project 1x1, BN; global average
     pooling and a Dense classifier. 16x16x3 input, 4 classes.
+
+    The stem's padding is outside its convolution, so Zennit's z^B rule would put the box
+    ``[low, high]`` on the padded zeros too; the twin gives it the input box carried through
+    the padding instead (``to_first_layer``): ``[0, 0]`` on padded pixels, as a "same"
+    convolution's own padding does in both libraries.
     """
     keras.utils.set_random_seed(seed)
     L = keras.layers
@@ -536,6 +544,10 @@ def mobilenet_block(seed: int = 0) -> Twin:
     nn = torch.nn
     F = torch.nn.functional
     get = model.get_layer
+
+    def pad_stem(x):
+        return F.pad(x, (0, 1, 0, 1))  # (left, right, top, bottom) of the last two axes
+
     convs = ("stem_conv", "b1_expand", "b1_depthwise", "b1_project", "b2_expand", "b2_depthwise", "b2_project")
 
     class MobileNetBlock(nn.Module):
@@ -556,7 +568,7 @@ def mobilenet_block(seed: int = 0) -> Twin:
             return getattr(self, f"{name}_relu")(x) if hasattr(self, f"{name}_relu") else x
 
         def forward(self, x):
-            h = self.unit("stem_conv", F.pad(x, (0, 1, 0, 1)))  # (left, right, top, bottom)
+            h = self.unit("stem_conv", pad_stem(x))
             y = self.unit("b1_project", self.unit("b1_depthwise", self.unit("b1_expand", h)))
             h = self.b1_add(torch.stack([h, y], dim=-1))
             y = self.unit("b2_expand", h)
@@ -564,7 +576,7 @@ def mobilenet_block(seed: int = 0) -> Twin:
             return self.logits(torch.flatten(self.gap(y), 1))
 
     merges = [((name,), f"{name}_bn") for name in convs]
-    return Twin("mobilenet_block", model, MobileNetBlock().eval(), merges, (16, 16, 3))
+    return Twin("mobilenet_block", model, MobileNetBlock().eval(), merges, (16, 16, 3), pad_stem)
 
 
 CHAINS = {"mlp": mlp, "cnn": cnn, "vgg16": vgg16}
