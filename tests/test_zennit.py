@@ -15,7 +15,8 @@ inputs, so the a- terms of the sign-split rules are exercised.
 Only heatmaps are compared: Zennit's parameter gradients are wrong (it computes with
 detached parameter copies).
 
-Run: ``pytest -q tests/test_zennit.py`` (needs ``pip install -e ".[crosscheck]"``).
+Run: ``pytest -q tests/test_zennit.py`` (needs ``pip install -e ".[crosscheck]"``); ``-s`` prints
+the error measured for each model and composite.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def assert_same_heatmap(twin: twins.Twin, composite: str) -> None:
     x = inputs_for(twin)
     actual = heatinv_relevance(twin, x, composite)  # first: the chain engine refuses the graph models
     errors = relative_errors(actual, checked_zennit_relevance(twin, x, composite))
+    print(f"{twin.name}/{composite}: relative L2 error vs Zennit {errors.max():.1e}")  # shown with pytest -s
     assert errors.max() <= TOLERANCE, f"{twin.name}/{composite}: relative L2 error per example {errors}"
 
 
