@@ -17,7 +17,7 @@ that computes the same function, written so that Zennit's rules land where heati
 - a residual ``Add`` is ``zennit.layer.Sum()(torch.stack([a, b], -1))``, which Zennit's
   composites explain with the ``Norm`` rule, ``R_k = x_k * R / stab(sum_j x_j)``;
 - concatenation and zero padding are plain tensor ops: autograd splits relevance back by
-  position and crops the padding away, as heatinv does;
+  position and crops the padding away (the graph issue's conventions for heatinv);
 - modules are registered in forward order, so Zennit's "first layer" (the first module of
   its ``first_map`` types in ``named_modules()`` order) is the layer the input enters.
 
