@@ -29,6 +29,7 @@ recorded with the Zennit variant). Writes ``--out`` (default ``outputs/bench/zen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -66,8 +67,11 @@ def keras_model(name: str):
     return build_model(Architecture("cnn"), 10, seed=0)
 
 
-def make_runners(name: str, batch: int):
-    """The runners of one case and the float32 relative L2 error between the two heatmaps."""
+def make_runners(name: str, batch: int, hooks: contextlib.ExitStack):
+    """The runners of one case and the float32 relative L2 error between the two heatmaps.
+
+    Zennit's hooks stay registered until ``hooks`` closes, as heatinv's ``LRP`` is built once.
+    """
     import numpy as np
     import tensorflow as tf
     import torch
@@ -104,8 +108,7 @@ def make_runners(name: str, batch: int):
     composite = zennit.composites.EpsilonGammaBox(
         low=0.0, high=1.0, canonizers=[zennit.canonizers.NamedMergeBatchNorm(merges)] if merges else None
     )
-    attributor = zennit.attribution.Gradient(torch_model, composite)
-    attributor.__enter__()  # hooks registered once, as heatinv's LRP is built once
+    attributor = hooks.enter_context(zennit.attribution.Gradient(torch_model, composite))
 
     def zennit_heatmap():
         _, R = attributor(x_torch.clone(), lambda output: output.detach() * one_hot)
@@ -132,7 +135,7 @@ def make_runners(name: str, batch: int):
     ]
     runners.append(Runner("zennit_heatmap", lambda: float(zennit_heatmap().sum()), 1, "torch eager"))
     runners.append(Runner("torch_forward_backward", lambda: float(torch_forward_backward().sum()), 1, "torch eager"))
-    return runners, error, attributor
+    return runners, error
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -154,9 +157,9 @@ def run(args: argparse.Namespace) -> list[dict]:
           f"batch {args.batch}, repeats {args.repeats}, min block {args.min_time:g} s", flush=True)
     records = []
     for name in args.models:
-        runners, error, attributor = make_runners(name, args.batch)
-        case_records = measure(Case(name, "epsilon_gamma_box", args.batch), runners, args.repeats, args.min_time)
-        attributor.__exit__(None, None, None)
+        with contextlib.ExitStack() as hooks:
+            runners, error = make_runners(name, args.batch, hooks)
+            case_records = measure(Case(name, "epsilon_gamma_box", args.batch), runners, args.repeats, args.min_time)
         for record in case_records:
             record["relative_error"] = error
         records.extend(case_records)
