@@ -1,0 +1,186 @@
+"""heatinv's heatmap and Zennit's side by side: same architecture, weights, batch, composite and threads.
+
+    python scripts/bench_zennit.py                     # vgg16 (32x32x3) and the bench cnn, batch 16
+    python scripts/bench_zennit.py --models cnn --batch 2 --repeats 1 --min-time 0   # a smoke run
+
+Needs the crosscheck extra (``pip install -e ".[crosscheck]"``) and a source checkout: the
+PyTorch twin of each Keras model is built by ``tests/zennit_models.py``, the same code the
+cross-check tests verify. Float32, ``epsilon_gamma_box`` with its defaults on both sides,
+2 threads each (TensorFlow's intra- and inter-op pools, ``torch.set_num_threads``), random
+inputs in [0, 1] and random classes (seeded). Timing is heatinv's bench's: a warm-up, then
+interleaved blocks of at least ``--min-time`` seconds, ``--repeats`` times; medians.
+
+Variants (milliseconds per batch):
+
+``heatmap_only``, ``heatmap_only_xla``
+    heatinv's compiled heatmap (``LRP.__call__`` in ``tf.function``, without and with XLA),
+    as in ``python -m heatinv.bench``.
+``zennit_heatmap``
+    Zennit's ``Gradient`` attribution with the ``EpsilonGammaBox`` composite registered once
+    (its hooks' forward and modified backward pass, eager PyTorch).
+``forward_backward``, ``torch_forward_backward``
+    a plain gradient of the explained logit with respect to the input in each framework: the
+    yardstick that tells the frameworks' own speed apart from the LRP engines'.
+
+Before timing, each case checks that the two heatmaps agree (float32: ``relative_error``,
+recorded with the Zennit variant). Writes ``--out`` (default ``outputs/bench/zennit.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("vgg16", "cnn")
+THREADS = 2
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python scripts/bench_zennit.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of vgg16,cnn (default: both)")
+    parser.add_argument("--batch", type=int, default=16, help="examples per heatmap call (default 16)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing blocks per variant (default 5)")
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timing block (default 0.2)")
+    parser.add_argument("--out", default=os.path.join("outputs", "bench", "zennit.json"), help="the JSON file to write")
+    args = parser.parse_args(argv)
+    args.models = tuple(m for m in args.models.split(",") if m)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown or not args.models:
+        parser.error(f"--models: {unknown or 'none'} not in {list(MODELS)}")
+    if args.batch < 1 or args.repeats < 1 or args.min_time < 0:
+        parser.error("--batch and --repeats must be positive, --min-time non-negative")
+    return args
+
+
+def keras_model(name: str):
+    """The Keras model of the case, float32, seeded."""
+    import keras
+
+    from heatinv.models import Architecture, build_model
+
+    if name == "vgg16":
+        keras.utils.set_random_seed(0)
+        return keras.applications.VGG16(weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None)
+    return build_model(Architecture("cnn"), 10, seed=0)
+
+
+def make_runners(name: str, batch: int, hooks: contextlib.ExitStack):
+    """The runners of one case and the float32 relative L2 error between the two heatmaps.
+
+    Zennit's hooks stay registered until ``hooks`` closes, as heatinv's ``LRP`` is built once.
+    """
+    import numpy as np
+    import tensorflow as tf
+    import torch
+
+    import zennit_models as twins
+    from heatinv.bench import Runner
+    from heatinv.lrp import LRP
+
+    model = keras_model(name)
+    torch_model, merges = twins.chain_module(model)
+    torch_model = torch_model.float()
+    zennit = twins.import_zennit()
+    rng = np.random.default_rng(0)
+    x_np = rng.uniform(0.0, 1.0, (batch,) + tuple(model.inputs[0].shape[1:])).astype("float32")
+    y_np = rng.integers(0, 10, batch)
+    x, y = tf.constant(x_np), tf.constant(y_np, tf.int32)
+    x_torch = torch.tensor(twins.to_torch_layout(x_np))
+    one_hot = torch.nn.functional.one_hot(torch.tensor(y_np), 10).float()
+
+    explainer = LRP(model, "epsilon_gamma_box")
+
+    def heatmap(x, y):
+        R = explainer(x, y)
+        return R, tf.reduce_sum(R)
+
+    def forward_backward(x, y):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            logits = model(x, training=False)
+            score = tf.reduce_sum(logits * tf.one_hot(y, logits.shape[-1], dtype=logits.dtype))
+        grad = tape.gradient(score, x)
+        return grad, tf.reduce_sum(grad)
+
+    composite = zennit.composites.EpsilonGammaBox(
+        low=0.0, high=1.0, canonizers=[zennit.canonizers.NamedMergeBatchNorm(merges)] if merges else None
+    )
+    attributor = hooks.enter_context(zennit.attribution.Gradient(torch_model, composite))
+
+    def zennit_heatmap():
+        _, R = attributor(x_torch.clone(), lambda output: output.detach() * one_hot)
+        return R
+
+    def torch_forward_backward():
+        inputs = x_torch.clone().requires_grad_(True)
+        with attributor.composite.inactive():  # the plain gradient, hooks switched off
+            score = (torch_model(inputs) * one_hot).sum()
+            (grad,) = torch.autograd.grad(score, inputs)
+        return grad
+
+    expected = twins.to_keras_layout(zennit_heatmap().numpy())
+    actual = heatmap(x, y)[0].numpy()
+    error = float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+    fns = {
+        "heatmap_only": tf.function(heatmap, reduce_retracing=True),
+        "heatmap_only_xla": tf.function(heatmap, jit_compile=True, reduce_retracing=True),
+        "forward_backward": tf.function(forward_backward, reduce_retracing=True),
+    }
+    runners = [
+        Runner(variant, lambda f=fn: float(f(x, y)[1]), 1, "xla" if variant.endswith("_xla") else "function")
+        for variant, fn in fns.items()
+    ]
+    runners.append(Runner("zennit_heatmap", lambda: float(zennit_heatmap().sum()), 1, "torch eager"))
+    runners.append(Runner("torch_forward_backward", lambda: float(torch_forward_backward().sum()), 1, "torch eager"))
+    return runners, error
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import tensorflow as tf
+
+    # Thread pools are fixed before TensorFlow or PyTorch runs any op.
+    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+    tf.config.threading.set_inter_op_parallelism_threads(THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
+    torch.set_num_interop_threads(THREADS)
+
+    from heatinv.bench import Case, measure, table, write_json
+
+    print(f"heatinv vs Zennit: TF {tf.__version__}, torch {torch.__version__}, {THREADS} threads each, "
+          f"batch {args.batch}, repeats {args.repeats}, min block {args.min_time:g} s", flush=True)
+    records = []
+    for name in args.models:
+        with contextlib.ExitStack() as hooks:
+            runners, error = make_runners(name, args.batch, hooks)
+            case_records = measure(Case(name, "epsilon_gamma_box", args.batch), runners, args.repeats, args.min_time)
+        for record in case_records:
+            record["relative_error"] = error
+        records.extend(case_records)
+        print(f"  {name}: heatinv vs Zennit heatmap, float32 relative L2 error {error:.1e}", flush=True)
+        write_json(args.out, records)
+    print(table(records))
+    for name in args.models:
+        ms = {r["variant"]: r["ms_median"] for r in records if r["model"] == name}
+        print(
+            f"{name}: zennit_heatmap / heatmap_only {ms['zennit_heatmap'] / ms['heatmap_only']:.2f}, "
+            f"/ heatmap_only_xla {ms['zennit_heatmap'] / ms['heatmap_only_xla']:.2f}; "
+            f"torch_forward_backward / forward_backward {ms['torch_forward_backward'] / ms['forward_backward']:.2f}"
+        )
+    print(f"\nwrote {args.out}", flush=True)
+    return records
+
+
+def main(argv=None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
