@@ -37,6 +37,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from heatinv.atomic import write_json
+
 log = logging.getLogger(__name__)
 
 FAILED_MARK = "heatinv job failed: "
@@ -222,13 +224,6 @@ def objective(job: dict) -> float:
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-
-def write_json(path: str, data) -> None:
-    """Write JSON whole or not at all (a temporary name in the same folder, then rename)."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- HParams

@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 
 import keras
 import numpy as np
 
+from heatinv.atomic import atomic_path
 from heatinv.data import Dataset
 from heatinv.layers import SoftplusBeta
 
@@ -143,12 +143,6 @@ def reference_model(
         os.makedirs(cache_dir, exist_ok=True)
         # A temporary name of this writer's own, renamed into place: a crash never leaves a
         # truncated entry, and parallel sweep jobs training the same reference never collide.
-        handle, partial = tempfile.mkstemp(dir=cache_dir, prefix=".reference-", suffix=".keras")
-        os.close(handle)
-        try:
-            model.save(partial)
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
+        with atomic_path(path) as tmp:
+            model.save(tmp)
     return model, accuracy(model, dataset.x_test, dataset.y_test)

@@ -25,7 +25,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from heatinv.config import register
 from heatinv.data import load_dataset
-from heatinv.losses import heatmap_loss
+from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.models import Architecture, accuracy, build_model
 from heatinv.render import diverging_rgb
@@ -246,7 +246,7 @@ def test_compiled_step_lowers_the_loss_with_nonzero_gradients():
     target = LRP(teacher, "epsilon_gamma_box")(digits_image, label)
     student = build_model(Architecture("mlp", hidden=(16, 8)), seed=0)
     loss_fn = heatmap_loss("mse")
-    step = compile_step(student, LRP(student, "epsilon_gamma_box"), loss_fn, keras.optimizers.Adam(1e-2))
+    step = compile_step(student, LRP(student, "epsilon_gamma_box"), HeatmapMatch(loss_fn), keras.optimizers.Adam(1e-2))
 
     x = tf.constant(digits_image)
     losses = []
