@@ -91,12 +91,12 @@ class HeatmapMatch:
 
     Example:
     >>> objective = HeatmapMatch(heatmap_loss("mse"))
-    >>> objective.terms, sorted(objective(LRP(model).explain(x, label), target))  # doctest: +SKIP
+    >>> objective.terms, sorted(objective(LRP(model).explain(x, label), label, target))  # doctest: +SKIP
     ((), ['loss'])
     """
 
     loss_fn: HeatmapLoss
     terms = ()
 
-    def __call__(self, explanation, target: tf.Tensor) -> dict[str, tf.Tensor]:
+    def __call__(self, explanation, label: tf.Tensor, target: tf.Tensor) -> dict[str, tf.Tensor]:
         return {"loss": self.loss_fn(explanation.relevance, target)}

@@ -41,7 +41,7 @@ from heatinv.lrp.canonize import Pool
 MODES = ("eager", "function", "xla")
 
 Objective = Callable[..., dict]
-"""``objective(explanation, target, *extra) -> {"loss": scalar, <term>: scalar, ...}``."""
+"""``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar, ...}``."""
 
 
 def update(
@@ -57,7 +57,7 @@ def update(
     """One update without diagnostics.
 
     Args:
-        objective: ``objective(explanation, target, *extra) -> {"loss": scalar, <term>: scalar}``
+        objective: ``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar}``
             (:class:`heatinv.losses.HeatmapMatch` for one heatmap, the dataset task's
             :class:`heatinv.manipulate.Manipulation`).
         x, label, target, extra: one batch: inputs, explained classes, target heatmaps and
@@ -71,7 +71,7 @@ def update(
     variables = student.trainable_variables
     with tf.GradientTape() as tape:
         explanation = explainer.explain(x, label)
-        terms = dict(objective(explanation, target, *extra))
+        terms = dict(objective(explanation, label, target, *extra))
         loss = terms.pop("loss")
     gradients = tape.gradient(loss, variables)
     # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
