@@ -182,10 +182,11 @@ def _compiled_explain(explainer: LRP, input_shape) -> tf.types.experimental.Gene
     key = tuple(input_shape)
     if key not in functions:
         signature = [tf.TensorSpec((None,) + key, tf.float32), tf.TensorSpec((None,), tf.int32)]
+        owner = weakref.ref(explainer)  # the cache must not keep the explainer (and its model) alive
 
         @tf.function(input_signature=signature)
         def explain(batch, batch_labels):
-            explanation = explainer.explain(batch, batch_labels)
+            explanation = owner().explain(batch, batch_labels)
             return explanation.relevance, explanation.logits
 
         functions[key] = explain

@@ -16,7 +16,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from heatinv.build import build_parts
+from heatinv.build import Parts, build_parts
 from heatinv.checkpoints import (
     Checkpointer,
     RunDirectoryError,
@@ -54,11 +54,23 @@ def run(cfg) -> dict:
     validate(cfg)
     out = cfg.paths.output_dir
     os.makedirs(out, exist_ok=True)
-    trainer = cfg.trainer
-    guard_run_directory(out, trainer.resume, trainer.overwrite)
-    changed = check_resumable(out, cfg) if trainer.resume else []
+    guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
+    changed = check_resumable(out, cfg) if cfg.trainer.resume else []
+    return run_task(cfg, build_parts(cfg), changed)
 
-    parts = build_parts(cfg)
+
+def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
+    """The task of ``cfg`` on ``parts``, from its target to its files (the second half of :func:`run`).
+
+    Args:
+        cfg: a validated config whose run directory was checked.
+        parts: the data and models (:func:`heatinv.build.build_parts`, or a test's own).
+        changed: settings a resume changes (said when resuming).
+
+    Returns:
+        The metrics written to ``metrics.json``.
+    """
+    out, trainer = cfg.paths.output_dir, cfg.trainer
     task = DatasetTask(cfg, parts) if cfg.task.kind == "dataset" else SingleTask(cfg, parts)
     checkpointer = Checkpointer(out, task.student, task.optimizer, **task.state)
     start = 0

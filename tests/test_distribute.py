@@ -67,9 +67,9 @@ SCRIPT = textwrap.dedent(
     from omegaconf import OmegaConf
     from heatinv.config import TrainConfig
     from heatinv.data import load_digits
-    from heatinv.lrp import LRP
-    from heatinv.manipulate import run_dataset
+    from heatinv.build import Parts
     from heatinv.models import Architecture, build_model
+    from heatinv.train import run_task
 
     def train_terms(folder):
         terms = {}
@@ -97,13 +97,10 @@ SCRIPT = textwrap.dedent(
             ])
             keras.utils.set_random_seed(0)
             reference, student = build_model(arch, seed=0), build_model(arch, seed=1)
-            saved = {}
-            metrics = run_dataset(
-                cfg, data, reference, 0.0, student, lambda model: LRP(model, cfg.lrp.composite),
-                lambda m, s, rgb: saved.update(weights=[w.tolist() for w in s.get_weights()]),
-            )
+            metrics = run_task(cfg, Parts(data, reference, 0.0, student))
+            saved = keras.saving.load_model(os.path.join(root, "run", "student.keras"), safe_mode=True)
             case[strategy] = {
-                "weights": saved["weights"],
+                "weights": [w.tolist() for w in saved.get_weights()],
                 "terms": train_terms(os.path.join(root, "run", "tensorboard")),
                 "metrics": {k: metrics[k] for k in ("cosine", "ssim", "student_accuracy", "steps")},
             }
