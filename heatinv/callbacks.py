@@ -38,14 +38,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from heatinv.atomic import write_json
+from heatinv.final_metrics import FINAL_METRICS
 
 log = logging.getLogger(__name__)
 
 FAILED_MARK = "heatinv job failed: "
 SUMMARY_NAME = "sweep_summary.json"
 HPARAMS_EVENTS_SUFFIX = ".heatinv-sweep"
-# The metrics every single-heatmap run writes as ``final/<name>`` (heatinv.summaries.FINAL_METRICS).
-FINAL_METRICS = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
 
 
 class EnvDefaults(Callback):

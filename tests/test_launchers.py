@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
 from heatinv.config import register
 
-SHRINK = ("trainer.steps=3", "trainer.log_every=1", "model.hidden=[16,8]", "model.reference_epochs=1")
+SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
 FINAL = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
 
