@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Callable
 from dataclasses import dataclass
 
 import keras
@@ -40,7 +41,7 @@ from omegaconf import OmegaConf
 
 from heatinv.build import Parts, dataset_problem, explain_all, explainer_for
 from heatinv.loop import Call, LoopResult
-from heatinv.losses import HeatmapLoss, batch_unit, heatmap_loss, per_example_heatmap_loss
+from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.outputs import write_run_files
 from heatinv.render import diverging_rgb, grayscale_rgb, grid
@@ -53,26 +54,45 @@ TERMS = ("heatmap", "cross_entropy", "logit_match")
 
 @dataclass(frozen=True)
 class Manipulation:
-    """The dataset task's objective on one mini-batch (the weighted sum above; see :func:`heatinv.step.update`).
+    """The dataset task's objective (the weighted sum above), written once for both ways of running it.
+
+    :meth:`per_example` gives each term per image; on one device :meth:`__call__` takes their
+    batch means (the objective :func:`heatinv.step.update` calls), and under a strategy
+    :func:`mirrored_step` divides each replica's sums by the global batch size.
 
     Example:
-    >>> objective = Manipulation(heatmap_loss("mse"), heatmap_weight=1.0, ce_weight=1.0, logit_weight=0.0)
+    >>> objective = Manipulation(per_example_heatmap_loss("mse"), "none", 1.0, 1.0, 0.0)
     >>> sorted(objective(LRP(model).explain(x, y), y, targets, reference_logits))  # doctest: +SKIP
     ['cross_entropy', 'heatmap', 'logit_match', 'loss']
     """
 
-    loss_fn: HeatmapLoss
+    per_example_loss: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
+    normalize: str
     heatmap_weight: float
     ce_weight: float
     logit_weight: float
     terms = TERMS
 
+    def per_example(self, explanation, labels, targets, reference_logits, unit) -> dict[str, tf.Tensor]:
+        """Each term for each image, ``[batch]``; the heatmap loss in units of ``unit`` (the batch's)."""
+        logits = explanation.logits
+        return {
+            "heatmap": self.per_example_loss(explanation.relevance, targets, unit),
+            "cross_entropy": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
+            "logit_match": tf.reduce_mean(tf.square(logits - reference_logits), axis=-1),
+        }
+
+    def combine(self, terms: dict[str, tf.Tensor]) -> tf.Tensor:
+        return (
+            self.heatmap_weight * terms["heatmap"]
+            + self.ce_weight * terms["cross_entropy"]
+            + self.logit_weight * terms["logit_match"]
+        )
+
     def __call__(self, explanation, labels, targets, reference_logits) -> dict[str, tf.Tensor]:
-        heatmap_term = self.loss_fn(explanation.relevance, targets)
-        ce_term = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, explanation.logits, from_logits=True))
-        logit_term = tf.reduce_mean(tf.square(explanation.logits - reference_logits))
-        loss = self.heatmap_weight * heatmap_term + self.ce_weight * ce_term + self.logit_weight * logit_term
-        return {"loss": loss, "heatmap": heatmap_term, "cross_entropy": ce_term, "logit_match": logit_term}
+        unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
+        terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
+        return {"loss": self.combine(terms), **terms}
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
@@ -101,20 +121,19 @@ def _with_batch_constants(normalize: str):
     return add
 
 
-def mirrored_step(strategy, student, explainer, per_example_loss, optimizer, weights, with_norms: bool, jit_compile: bool = False):
+def mirrored_step(strategy, student, explainer, objective: Manipulation, optimizer, with_norms: bool, jit_compile: bool = False):
     """A cross-replica step ``fn(batch) -> result``; ``batch`` is a distributed ``(x, y, target, ref, unit, count)``.
 
-    Each replica: per-example losses, each term ``compute_average_loss`` over the global
-    batch size, gradients of its share (XLA-compiled with ``jit_compile``: the all-reduce and
-    the update stay outside XLA); the Keras optimizer sums the gradients over replicas (one
-    all-reduce) and applies the same update to every copy. A NaN/Inf loss or gradient on any
-    replica skips the update on all of them (the flag is summed over replicas first). The
-    returned terms are summed over replicas (each share is already divided by the global
-    batch size). ``with_norms`` also returns ``grad_norms`` and ``zero_fractions`` of the
-    summed gradients; that costs a second all-reduce of every gradient (the optimizer's own
-    sum is not exposed), so the task asks for it at an epoch's last step only.
+    Each replica: the objective's per-example terms, each ``compute_average_loss`` over the
+    global batch size, gradients of its share (XLA-compiled with ``jit_compile``: the
+    all-reduce and the update stay outside XLA); the Keras optimizer sums the gradients over
+    replicas (one all-reduce) and applies the same update to every copy. A NaN/Inf loss or
+    gradient on any replica skips the update on all of them (the flag is summed over replicas
+    first). The returned terms are summed over replicas (each share is already divided by
+    the global batch size). ``with_norms`` also returns ``grad_norms`` and ``zero_fractions``
+    of the summed gradients; that costs a second all-reduce of every gradient (the
+    optimizer's own sum is not exposed), so the task asks for it at an epoch's last step only.
     """
-    heatmap_weight, ce_weight, logit_weight = weights
     variables = student.trainable_variables
 
     def local_gradients(x, labels, targets, reference_logits, unit, count):
@@ -124,31 +143,22 @@ def mirrored_step(strategy, student, explainer, per_example_loss, optimizer, wei
         global_batch_size = tf.maximum(tf.reduce_max(count), 0)
         with tf.GradientTape() as tape:
             explanation = explainer.explain(x, labels)
-            heatmap_term = tf.nn.compute_average_loss(
-                per_example_loss(explanation.relevance, targets, unit), global_batch_size=global_batch_size
-            )
-            ce_term = tf.nn.compute_average_loss(
-                keras.losses.sparse_categorical_crossentropy(labels, explanation.logits, from_logits=True),
-                global_batch_size=global_batch_size,
-            )
-            logit_term = tf.nn.compute_average_loss(
-                tf.reduce_mean(tf.square(explanation.logits - reference_logits), axis=-1),
-                global_batch_size=global_batch_size,
-            )
-            loss = heatmap_weight * heatmap_term + ce_weight * ce_term + logit_weight * logit_term
+            per_example = objective.per_example(explanation, labels, targets, reference_logits, unit)
+            terms = {name: tf.nn.compute_average_loss(v, global_batch_size=global_batch_size) for name, v in per_example.items()}
+            loss = objective.combine(terms)
         gradients = tape.gradient(loss, variables)
         gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-        return loss, heatmap_term, ce_term, logit_term, gradients
+        return loss, terms, gradients
 
     if jit_compile:
         local_gradients = tf.function(local_gradients, jit_compile=True)
 
     def replica_step(*batch):
-        loss, heatmap_term, ce_term, logit_term, gradients = local_gradients(*batch)
+        loss, terms, gradients = local_gradients(*batch)
         context = tf.distribute.get_replica_context()
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)])
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, 1 - tf.cast(finite, tf.int32))
-        result = {"loss": loss, "heatmap": heatmap_term, "cross_entropy": ce_term, "logit_match": logit_term}
+        result = {"loss": loss, **terms}
         if with_norms:
             result.update(gradient_stats(context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)))
 
@@ -217,13 +227,13 @@ class DatasetTask:
         self.steps_per_epoch = math.ceil(len(data.x_train) / task.batch_size)
         self.total = task.epochs * self.steps_per_epoch
         self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
-        weights = (task.heatmap_weight, task.ce_weight, task.logit_weight)
+        per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
+        objective = Manipulation(per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight)
         self.strategy = make_strategy(cfg.trainer.strategy)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
             self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
             self.explainer = explainer_for(self.student, cfg)
-            objective = Manipulation(heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize), *weights)
             mode = "xla" if cfg.trainer.jit_compile else "function"
             self.compiled = compile_step(self.student, self.explainer, objective, self.optimizer, mode)
         else:
@@ -234,14 +244,13 @@ class DatasetTask:
                 self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
                 self.optimizer.build(self.student.trainable_variables)
             self.explainer = explainer_for(self.student, cfg)
-            per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
             spec = self._distributed(self._epoch_batches(1, 0)).element_spec
             # trainer.jit_compile compiles each replica's loss and gradients with XLA; the
             # cross-replica all-reduce and the optimizer update stay outside it.
             self.mirrored = {
                 with_norms: tf.function(
                     mirrored_step(
-                        self.strategy, self.student, self.explainer, per_example, self.optimizer, weights, with_norms,
+                        self.strategy, self.student, self.explainer, objective, self.optimizer, with_norms,
                         bool(cfg.trainer.jit_compile),
                     ),
                     input_signature=[spec],
@@ -259,9 +268,11 @@ class DatasetTask:
         size = self.cfg.task.batch_size
         order = epoch_order(len(self.parts.dataset.x_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
         columns = self.columns
-        return tf.data.Dataset.from_tensor_slices(order).batch(size).map(
-            lambda index: tuple(tf.gather(column, index) for column in columns)
-        )
+
+        def gather(index):
+            return tuple(tf.gather(column, index) for column in columns)
+
+        return tf.data.Dataset.from_tensor_slices(order).batch(size).map(gather)
 
     def _distributed(self, batches: tf.data.Dataset):
         return self.strategy.experimental_distribute_dataset(batches.map(_with_batch_constants(self.cfg.loss.normalize)))
