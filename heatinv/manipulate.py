@@ -153,28 +153,33 @@ def mirrored_step(strategy, student, explainer, objective: Manipulation, optimiz
     if jit_compile:
         local_gradients = tf.function(local_gradients, jit_compile=True)
 
-    def replica_step(*batch):
+    def replica_gradients(*batch):
         loss, terms, gradients = local_gradients(*batch)
         context = tf.distribute.get_replica_context()
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)])
-        bad = context.all_reduce(tf.distribute.ReduceOp.SUM, 1 - tf.cast(finite, tf.int32))
-        result = {"loss": loss, **terms}
+        result = {"loss": loss, **terms, "gradients": gradients, "bad": 1 - tf.cast(finite, tf.int32)}
         if with_norms:
             result.update(gradient_stats(context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)))
-
-        def apply():
-            optimizer.apply_gradients(zip(gradients, variables))  # all-reduces (sums) the gradients
-            return tf.constant(0, tf.int32)
-
-        result["nonfinite"] = tf.cond(bad > 0, lambda: tf.constant(1, tf.int32), apply)
         return result
 
+    def replica_apply(gradients):
+        optimizer.apply_gradients(zip(gradients, variables))  # all-reduces (sums) the gradients
+
     def step(batch):
-        result = strategy.run(replica_step, args=batch)
+        result = strategy.run(replica_gradients, args=batch)
+        bad = strategy.reduce(tf.distribute.ReduceOp.SUM, result["bad"], axis=None)
+
+        def apply() -> tf.Tensor:
+            strategy.run(replica_apply, args=(result["gradients"],))
+            return tf.constant(0, tf.int32)
+
+        # Decided across replicas, outside the replica function: the update's all-reduce may
+        # not sit in a branch of a replica's own control flow.
+        nonfinite = tf.cond(bad > 0, lambda: tf.constant(1, tf.int32), apply)
         terms = {key: strategy.reduce(tf.distribute.ReduceOp.SUM, result[key], axis=None) for key in ("loss", *TERMS)}
-        first = strategy.experimental_local_results  # the same value on every replica
-        out = {"loss": terms.pop("loss"), "terms": terms, "nonfinite": first(result["nonfinite"])[0]}
-        if with_norms:
+        out = {"loss": terms.pop("loss"), "terms": terms, "nonfinite": nonfinite}
+        if with_norms:  # the summed gradients are the same on every replica
+            first = strategy.experimental_local_results
             out.update(grad_norms=first(result["grad_norms"])[0], zero_fractions=first(result["zero_fractions"])[0])
         return out
 

@@ -403,10 +403,16 @@ def test_failed_job_is_logged_where_it_ran(tmp_path):
 
 
 def test_env_defaults_keep_what_the_user_set(monkeypatch):
-    monkeypatch.delenv("HEATINV_TEST_A", raising=False)
+    # Set, then deleted: monkeypatch records the variable and removes what EnvDefaults sets at
+    # teardown (a bare delenv of an unset variable records nothing, and the value would leak
+    # into the rest of the session).
+    monkeypatch.setenv("HEATINV_TEST_A", "unset")
+    monkeypatch.delenv("HEATINV_TEST_A")
     monkeypatch.setenv("HEATINV_TEST_B", "mine")
     EnvDefaults({"HEATINV_TEST_A": "disabled", "HEATINV_TEST_B": "theirs"}).on_multirun_start(OmegaConf.create({}))
     assert os.environ["HEATINV_TEST_A"] == "disabled" and os.environ["HEATINV_TEST_B"] == "mine"
+    monkeypatch.undo()
+    assert "HEATINV_TEST_A" not in os.environ
 
 
 # --------------------------------------------------------------------------- fast: the configs
