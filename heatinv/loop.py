@@ -60,20 +60,49 @@ class Call:
 
 
 class Task(Protocol):
-    """What differs between the two tasks (see the module docstring)."""
+    """What differs between the two tasks; :func:`heatinv.train.run_task` and :func:`train` use only this.
 
-    what: str  # names the loop in the progress display
-    total: int  # steps of the whole run
+    Attributes:
+        what: names the loop in the progress display.
+        total: steps of the whole run.
+        student: the model the steps update (under a strategy, its mirrored copy).
+        optimizer: its optimizer (checkpointed with it).
+        state: the task's own trackables to checkpoint (e.g. running epoch sums).
+        variables: the student's trainable variables (gradient statistics' tags).
+        stopped_before_start: the task refused to take a first step (the doctor's pre-flight finding).
+    """
 
-    def calls(self, start: int) -> Iterator[Call]: ...
+    what: str
+    total: int
+    student: object
+    optimizer: object
+    state: dict
+    variables: list
+    stopped_before_start: bool
 
-    def step(self, call: Call) -> dict: ...
+    def begin(self, summaries: Summaries) -> None:
+        """Write what is known before the first step (config, target, initial metrics)."""
 
-    def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]: ...
+    def calls(self, start: int) -> Iterator[Call]:
+        """The calls from step ``start`` to ``total``: the same at every resume point."""
 
-    def log_step(self, done: int) -> int: ...
+    def step(self, call: Call) -> dict:
+        """Run ``call``: ``loss``, ``terms``, ``nonfinite`` and, when measured, ``grad_norms``/``zero_fractions``."""
 
-    def diagnose(self) -> list[Finding]: ...
+    def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]:
+        """The task's summaries at a log step; returns values for the progress display."""
+
+    def log_step(self, done: int) -> int:
+        """TensorBoard's step for ``done`` steps (the step, or the epoch)."""
+
+    def diagnose(self) -> list[Finding]:
+        """Why gradients vanished, for a stopped run."""
+
+    def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
+        """The final metrics (and last summaries), from the final weights."""
+
+    def write(self, out: str, metrics: dict) -> None:
+        """The run's files."""
 
 
 @dataclass
