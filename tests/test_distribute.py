@@ -120,6 +120,8 @@ def test_mirrored_on_two_replicas_makes_the_single_device_updates():
         assert len(single["weights"]) == len(mirrored["weights"]) == 6
         for a, b in zip(single["weights"], mirrored["weights"]):
             # One Adam step moves a weight by ~1e-3; a per-replica loss unit moves them ~5e-3 apart.
+            # Measured: 5e-7 (mse) and 1.1e-6 (huber, XLA) max abs difference after 2 epochs, the
+            # single-device fused Adam kernel and Keras's Adam (under the strategy) rounding differently.
             np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
         assert sorted(single["terms"]) == sorted(mirrored["terms"]) == [
             "train/cross_entropy", "train/heatmap", "train/logit_match", "train/loss"
