@@ -53,7 +53,7 @@ def cache_dir(tmp_path_factory) -> str:
     cold cache, every parallel job of a sweep would train the same reference)."""
     from heatinv.data import load_dataset
     from heatinv.models import reference_model
-    from heatinv.train import architecture
+    from heatinv.build import architecture
 
     cache = str(tmp_path_factory.mktemp("cache"))
     register()
