@@ -3,7 +3,11 @@
 A checkpoint holds the student's weights, the optimizer's state (Adam's moments and step
 count) and the number of completed steps, so a resumed run continues exactly where the
 checkpoint left it. ``tf.train.CheckpointManager`` writes each checkpoint completely before
-it updates its index file, so a crash mid-write leaves the previous checkpoint in charge.
+it updates its index file, so a crash mid-write leaves the previous checkpoint in charge; and
+a resume reads every tensor of a checkpoint before it uses it, so a checkpoint damaged later
+(a full disk, a copy cut short) is skipped for the one before it. The config a run's
+checkpoints belong to is kept next to them, and a resume that would continue them with a
+different model, data, target or objective is refused.
 """
 
 from __future__ import annotations
