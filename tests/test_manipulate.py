@@ -125,3 +125,27 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
     assert [step for step, _ in series] == [1, 2] and always_dark > 0.05
     assert all(always_dark <= value < 1 for _, value in series), (series, always_dark)
     assert written["steps"] == steps and (out / "checkpoints" / f"ckpt-{steps}.index").is_file()
+
+
+def test_dataset_task_skips_nonfinite_updates_and_stops_after_max_nonfinite(composed, monkeypatch):
+    """The shared NaN/Inf guard: a NaN heatmap term skips every update, and 3 in a row stop the run."""
+    import heatinv.manipulate as manipulate
+    from heatinv.build import build_parts
+    from heatinv.train import GradientsVanished, run
+
+    real = manipulate.per_example_heatmap_loss
+
+    def poisoned(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return lambda heatmap, target, unit: loss(heatmap, target, unit) * tf.constant(np.nan, heatmap.dtype)
+
+    monkeypatch.setattr(manipulate, "per_example_heatmap_loss", poisoned)
+    cfg, out = composed("experiment=pattern_frame_mlp", "trainer.max_nonfinite=3")
+    with pytest.raises(GradientsVanished) as stop:
+        run(cfg)
+    assert stop.value.step == 3 and "3 steps in a row up to step 3 had a NaN/Inf loss" in str(stop.value)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nonfinite_steps"] == 3 and metrics["stopped_at_step"] == 3
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    for after, before in zip(student.get_weights(), build_parts(cfg).reference.get_weights()):  # init=reference
+        np.testing.assert_array_equal(after, before)
