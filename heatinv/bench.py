@@ -58,17 +58,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from heatinv.atomic import write_json
 
 VARIANTS = (
     "eager_reference",
@@ -233,7 +233,7 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
     import keras
     import tensorflow as tf
 
-    from heatinv.losses import heatmap_loss
+    from heatinv.losses import HeatmapMatch, heatmap_loss
     from heatinv.lrp import LRP
     from heatinv.step import compile_step, make_optimizer
 
@@ -247,13 +247,13 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
                 step = HandWrittenStep(model, case.composite, make_optimizer("adam", 1e-3), loss_fn)
                 runners.append(Runner(variant, lambda s=step: float(s(x, y, target)), 1, "eager"))
             else:
-                step = compile_step(model, LRP(model, case.composite), loss_fn, make_optimizer("adam", 1e-3), "eager")
+                step = compile_step(model, LRP(model, case.composite), HeatmapMatch(loss_fn), make_optimizer("adam", 1e-3), "eager")
                 runners.append(Runner(variant, lambda s=step: float(s(x, y, target)["loss"]), 1, "eager"))
         elif variant in ("compiled", "compiled_xla", "multi_step", "multi_step_xla", "multi_step_xla_loop"):
             mode = "xla" if "_xla" in variant else "function"
             n = steps_per_execution if variant.startswith("multi_step") else 1
             explainer, optimizer = LRP(model, case.composite), make_optimizer("adam", 1e-3)
-            step = compile_step(model, explainer, loss_fn, optimizer, mode, n, xla_loop=variant.endswith("_loop"))
+            step = compile_step(model, explainer, HeatmapMatch(loss_fn), optimizer, mode, n, xla_loop=variant.endswith("_loop"))
             runners.append(Runner(variant, lambda s=step: float(s(x, y, target)["loss"]), n, mode))
         elif variant in ("keras_fit", "keras_fit_multi", "keras_fit_xla"):
             n = 1 if variant == "keras_fit" else steps_per_execution
@@ -447,25 +447,6 @@ def ratio_lines(rows: list[dict]) -> str:
         )
     return "\n".join(lines)
 
-
-def write_json(path: str, payload) -> None:
-    """Write ``payload`` to ``path`` whole or not at all (a temporary file, then a rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it an ordinary file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- command line

@@ -37,13 +37,14 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from heatinv.atomic import write_json
+from heatinv.final_metrics import FINAL_METRICS
+
 log = logging.getLogger(__name__)
 
 FAILED_MARK = "heatinv job failed: "
 SUMMARY_NAME = "sweep_summary.json"
 HPARAMS_EVENTS_SUFFIX = ".heatinv-sweep"
-# The metrics every single-heatmap run writes as ``final/<name>`` (heatinv.summaries.FINAL_METRICS).
-FINAL_METRICS = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
 
 
 class EnvDefaults(Callback):
@@ -222,13 +223,6 @@ def objective(job: dict) -> float:
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-
-def write_json(path: str, data) -> None:
-    """Write JSON whole or not at all (a temporary name in the same folder, then rename)."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- HParams

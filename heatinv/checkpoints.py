@@ -3,20 +3,32 @@
 A checkpoint holds the student's weights, the optimizer's state (Adam's moments and step
 count) and the number of completed steps, so a resumed run continues exactly where the
 checkpoint left it. ``tf.train.CheckpointManager`` writes each checkpoint completely before
-it updates its index file, so a crash mid-write leaves the previous checkpoint in charge.
+it updates its index file, so a crash mid-write leaves the previous checkpoint in charge; and
+a resume reads every tensor of a checkpoint before it uses it, so a checkpoint damaged later
+(a full disk, a copy cut short) is skipped for the one before it. The config a run's
+checkpoints belong to is kept next to them, and a resume that would continue them with a
+different model, data, target or objective is refused.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
+import shutil
 import signal
+import sys
 import threading
 from types import FrameType
 
 import keras
 import tensorflow as tf
+from omegaconf import OmegaConf
+
+from heatinv.atomic import atomic_path
 
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
+CHECKPOINTS = "checkpoints"
 
 
 class RunDirectoryError(ValueError):
@@ -60,7 +72,11 @@ class StopRequests:
 
 
 def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
-    """Refuse to start over a finished run unless asked to resume or overwrite."""
+    """Refuse to start over a finished or an interrupted run unless asked to resume or overwrite.
+
+    ``overwrite`` (without ``resume``) starts over: the old checkpoints are removed, so a later
+    resume can never pick one of them up.
+    """
     found = [name for name in RESULT_FILES if os.path.exists(os.path.join(out, name))]
     if found and not (resume or overwrite):
         raise RunDirectoryError(
@@ -68,29 +84,167 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
             "with trainer.resume=true, replace its results with trainer.overwrite=true, or choose another "
             "directory with hydra.run.dir=..."
         )
+    folder = os.path.join(out, CHECKPOINTS)
+    if checkpoint_numbers(folder) and not (resume or overwrite):
+        raise RunDirectoryError(
+            f"Run directory {out} holds the checkpoints of an earlier run ({folder}). Nothing was changed. Continue "
+            "it with trainer.resume=true, start over with trainer.overwrite=true, or choose another directory with "
+            "hydra.run.dir=..."
+        )
+    if overwrite and not resume and os.path.isdir(folder):
+        shutil.rmtree(folder)
+
+
+def checkpoint_numbers(folder: str) -> list[int]:
+    """The numbers of the checkpoints in ``folder`` (``ckpt-<n>.index`` or ``ckpt-<n>.data-*``), newest first.
+
+    Read from the files themselves, not from TensorFlow's ``checkpoint`` state file, which a
+    crash or a copy can leave behind or without the checkpoints it names.
+    """
+    numbers = set()
+    for path in glob.glob(os.path.join(folder, "ckpt-*")):
+        match = re.fullmatch(r"ckpt-(\d+)\.(index|data-\d+-of-\d+)", os.path.basename(path))
+        if match:
+            numbers.add(int(match.group(1)))
+    return sorted(numbers, reverse=True)
+
+
+def unreadable(prefix: str) -> str | None:
+    """Why the checkpoint ``prefix`` does not read back whole (every tensor read), or None when it does."""
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception as error:  # TensorFlow raises several types for missing and cut files
+        return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    return None
+
+
+class ResumeError(RunDirectoryError):
+    """``trainer.resume=true`` cannot be honoured: no usable checkpoint, or a config that changes the run."""
 
 
 class Checkpointer:
-    """Save every ``every`` steps (0: never) under ``<out>/checkpoints``; restore the latest."""
+    """Save under ``<out>/checkpoints`` (the last two kept); restore the newest checkpoint that reads back whole.
 
-    def __init__(self, out: str, student: keras.Model, optimizer: keras.optimizers.Optimizer, every: int):
-        self.every = every
+    A checkpoint holds the student, the optimizer and the task's own ``state`` (trackables,
+    e.g. the dataset task's running epoch sums), and the number of completed steps.
+    """
+
+    def __init__(self, out: str, student: keras.Model, optimizer: keras.optimizers.Optimizer, **state):
+        self.out = out
+        self.folder = os.path.join(out, CHECKPOINTS)
         self.completed = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_steps")
-        self.checkpoint = tf.train.Checkpoint(student=student, optimizer=optimizer, completed=self.completed)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(out, "checkpoints"), max_to_keep=2)
+        self.checkpoint = tf.train.Checkpoint(student=student, optimizer=optimizer, completed=self.completed, **state)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder, max_to_keep=2)
 
     def restore(self) -> int:
-        """Load the latest checkpoint; return the steps it had completed (0 when there is none)."""
-        latest = self.manager.latest_checkpoint
-        if latest is None:
-            return 0
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
-        return int(self.completed.numpy())
+        """Load the newest whole checkpoint; return the steps it had completed.
+
+        A damaged checkpoint (a cut or missing file) is named in a one-line warning and the
+        previous one is tried.
+
+        Raises:
+            ResumeError: there is no checkpoint, or none reads back whole.
+        """
+        numbers = checkpoint_numbers(self.folder)
+        if not numbers:
+            raise ResumeError(
+                f"trainer.resume=true, but {self.folder} holds no checkpoint (ckpt-*), so there is nothing to resume. "
+                "Start the run without trainer.resume (or with trainer.overwrite=true to replace what the directory "
+                "holds), or point hydra.run.dir at the run to continue."
+            )
+        damaged = []
+        for number in numbers:
+            prefix = os.path.join(self.folder, f"ckpt-{number}")
+            why = unreadable(prefix)
+            if why is None:
+                self.checkpoint.restore(prefix).assert_existing_objects_matched()
+                return int(self.completed.numpy())
+            damaged.append(prefix)
+            print(f"heatinv: warning: checkpoint {prefix} is damaged ({why}); skipped.", file=sys.stderr, flush=True)
+        files = sorted(os.path.basename(path) for path in glob.glob(os.path.join(self.folder, "ckpt-*")))
+        raise ResumeError(
+            f"trainer.resume=true, but no checkpoint in {self.folder} reads back whole ({', '.join(files)}: "
+            f"{', '.join(os.path.basename(p) for p in damaged)} damaged). Start over with trainer.overwrite=true "
+            "(the damaged checkpoints are removed), or restore the files from a copy."
+        )
 
     def save(self, completed: int) -> str:
+        """Write checkpoint ``ckpt-<completed>`` (whole before it is listed) and return its prefix."""
         self.completed.assign(completed)
         return self.manager.save(checkpoint_number=completed)
 
-    def maybe_save(self, completed: int) -> None:
-        if self.every and completed % self.every == 0:
-            self.save(completed)
+
+# Keys a resumed run may change: how long it runs, how often it logs and saves, how the same
+# updates are executed. Any other key changes the model, the data, the target or the
+# objective, and the checkpoint would continue a different run.
+MAY_CHANGE_ON_RESUME = (
+    "trainer.steps",
+    "task.epochs",
+    "trainer.log_every",
+    "trainer.checkpoint_every",
+    "trainer.max_nonfinite",
+    "trainer.steps_per_execution",
+    "trainer.jit_compile",
+    "trainer.strategy",
+    "trainer.resume",
+    "trainer.overwrite",
+)
+RUN_CONFIG = "config.yaml"
+
+
+def save_run_config(out: str, cfg) -> None:
+    """Keep the config a run's checkpoints belong to (``<out>/checkpoints/config.yaml``).
+
+    Hydra rewrites ``<out>/.hydra/config.yaml`` at every start, a resumed one included, so the
+    config the checkpoints were made with is kept next to them.
+    """
+    with atomic_path(os.path.join(out, CHECKPOINTS, RUN_CONFIG)) as tmp:
+        OmegaConf.save(cfg, tmp, resolve=False)
+
+
+def check_resumable(out: str, cfg) -> list[str]:
+    """Compare ``cfg`` with the config the run's checkpoints were made with.
+
+    Returns:
+        ``"key: old -> new"`` for each changed key that a resume may change (the caller says them).
+
+    Raises:
+        ResumeError: a key that changes the model, data, target or objective differs (each
+            listed as old -> new), or the run directory has no saved config.
+    """
+    path = os.path.join(out, CHECKPOINTS, RUN_CONFIG)
+    if not os.path.isfile(path):
+        raise ResumeError(
+            f"trainer.resume=true, but {path} is missing: the run's checkpoints cannot be matched with this config. "
+            "Start over with trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
+        )
+    old, new = _flat(OmegaConf.load(path)), _flat(cfg)
+    changed = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    described = {key: f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in changed}
+    refused = [described[key] for key in changed if key not in MAY_CHANGE_ON_RESUME]
+    if refused:
+        raise ResumeError(
+            f"Cannot resume {out}: this config changes the model, data, target or objective its checkpoints were "
+            f"made with ({'; '.join(refused)}). Resume with the run's own values (see {path}), or start over with "
+            "trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
+        )
+    return [described[key] for key in changed]
+
+
+def _flat(cfg) -> dict:
+    """``{"model.name": "mlp", ...}``, unresolved, without ``paths`` (where a run lives is not what it is)."""
+    container = OmegaConf.to_container(cfg, resolve=False) if not isinstance(cfg, dict) else cfg
+    container = {key: value for key, value in container.items() if key not in ("paths", "hydra")}
+    flat: dict = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        else:
+            flat[prefix[:-1]] = node
+
+    walk("", container)
+    return flat

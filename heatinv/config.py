@@ -179,6 +179,11 @@ def validate(cfg) -> None:
     for key in ("trainer.checkpoint_every", "trainer.max_nonfinite"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
+    if cfg.trainer.resume and cfg.trainer.overwrite:
+        raise ConfigError(
+            "Config values trainer.resume=true and trainer.overwrite=true contradict each other: resume continues "
+            "the run in hydra.run.dir, overwrite starts it over. Keep one of them."
+        )
     if not 0 <= cfg.target.digit <= 9:
         raise ConfigError(f"Config value target.digit={cfg.target.digit!r} must be a digit 0-9.")
     single_kinds, dataset_kinds = ("digit", "file", "pattern"), ("pattern", "swap", "suppress")

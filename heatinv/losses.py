@@ -10,6 +10,7 @@ would be MSE/2 everywhere).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import tensorflow as tf
@@ -82,3 +83,20 @@ def heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none") -> Heat
         return tf.reduce_mean(per_example(heatmap, target, batch_unit(target, normalize, heatmap.dtype)))
 
     return loss
+
+
+@dataclass(frozen=True)
+class HeatmapMatch:
+    """The single-heatmap task's objective: the heatmap loss alone (see :func:`heatinv.step.update`).
+
+    Example:
+    >>> objective = HeatmapMatch(heatmap_loss("mse"))
+    >>> objective.terms, sorted(objective(LRP(model).explain(x, label), label, target))  # doctest: +SKIP
+    ((), ['loss'])
+    """
+
+    loss_fn: HeatmapLoss
+    terms = ()
+
+    def __call__(self, explanation, label: tf.Tensor, target: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"loss": self.loss_fn(explanation.relevance, target)}

@@ -6,10 +6,14 @@ The objective is a weighted sum, each weight a config value (``task.*_weight``):
   + ce_weight      * cross-entropy(student logits, true labels)          (keeps accuracy)
   + logit_weight   * mean squared (student logits - reference logits)   (keeps the function)
 
-trained over epochs of ``tf.data`` mini-batches with the same compiled-step design as the
-main job, and evaluated on **held-out test images** only: accuracy, heatmap similarity to
-the targets, and the share of images whose cosine to the target passes
-``task.success_threshold``.
+trained over epochs of mini-batches by the loop both tasks share (:mod:`heatinv.loop`:
+resume, NaN/Inf guard, checkpoints, gradient statistics), and evaluated on **held-out test
+images** only, after every epoch: accuracy, heatmap similarity to the targets, and the share
+of images whose cosine to the target passes ``task.success_threshold``.
+
+Batches: epoch ``e`` visits the training images in the order of a permutation drawn from
+``(trainer.seed, e)``, so the batches of any step are known without replaying the run: a
+run resumed in the middle of an epoch continues with exactly the batches it would have seen.
 
 ``trainer.strategy=mirrored`` runs the same objective data-parallel with
 ``tf.distribute.MirroredStrategy`` over every GPU (or every logical CPU where there is no
@@ -25,62 +29,80 @@ pipeline, before the split, and handed to each replica as a per-example column (
 
 from __future__ import annotations
 
-import os
-import time
+import math
+from collections.abc import Iterator
+from typing import Callable
+from dataclasses import dataclass
 
 import keras
 import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from heatinv.dataset_targets import dataset_targets
-from heatinv.losses import batch_unit, heatmap_loss, per_example_heatmap_loss
+from heatinv.build import Parts, dataset_problem, explain_all, explainer_for
+from heatinv.loop import Call, LoopResult
+from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
-from heatinv.render import diverging_rgb, grayscale_rgb, grid, write_png
+from heatinv.outputs import write_run_files
+from heatinv.render import diverging_rgb, grayscale_rgb, grid
 from heatinv.similarity import per_sample_similarity
-from heatinv.step import make_optimizer
-from heatinv.summaries import Summaries, flat_config, trial_name
+from heatinv.step import compile_step, gradient_stats, make_optimizer
+from heatinv.summaries import Summaries
+
+TERMS = ("heatmap", "cross_entropy", "logit_match")
 
 
-def explain_all(explainer: LRP, x: np.ndarray, labels: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    """Heatmaps (for each image's label) and logits of a whole array, in compiled batches."""
-    signature = [tf.TensorSpec((None,) + x.shape[1:], tf.float32), tf.TensorSpec((None,), tf.int32)]
+@dataclass(frozen=True)
+class Manipulation:
+    """The dataset task's objective (the weighted sum above), written once for both ways of running it.
 
-    @tf.function(input_signature=signature)
-    def explain(batch, batch_labels):
-        explanation = explainer.explain(batch, batch_labels)
-        return explanation.relevance, explanation.logits
+    :meth:`per_example` gives each term per image; on one device :meth:`__call__` takes their
+    batch means (the objective :func:`heatinv.step.update` calls), and under a strategy
+    :func:`mirrored_step` divides each replica's sums by the global batch size.
 
-    maps, logits = [], []
-    for start in range(0, len(x), batch_size):
-        R, z = explain(x[start : start + batch_size], labels[start : start + batch_size].astype(np.int32))
-        maps.append(R.numpy())
-        logits.append(z.numpy())
-    return np.concatenate(maps), np.concatenate(logits)
+    Example:
+    >>> objective = Manipulation(per_example_heatmap_loss("mse"), "none", 1.0, 1.0, 0.0)
+    >>> sorted(objective(LRP(model).explain(x, y), y, targets, reference_logits))  # doctest: +SKIP
+    ['cross_entropy', 'heatmap', 'logit_match', 'loss']
+    """
 
+    per_example_loss: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
+    normalize: str
+    heatmap_weight: float
+    ce_weight: float
+    logit_weight: float
+    terms = TERMS
 
-def manipulation_step(student, explainer, loss_fn, optimizer, weights, x, labels, targets, reference_logits) -> dict:
-    """One update on a mini-batch; returns each term of the objective (plain Python, compiled by the caller)."""
-    heatmap_weight, ce_weight, logit_weight = weights
-    variables = student.trainable_variables
-    with tf.GradientTape() as tape:
-        explanation = explainer.explain(x, labels)
-        heatmap_term = loss_fn(explanation.relevance, targets)
-        ce_term = tf.reduce_mean(
-            keras.losses.sparse_categorical_crossentropy(labels, explanation.logits, from_logits=True)
+    def per_example(self, explanation, labels, targets, reference_logits, unit) -> dict[str, tf.Tensor]:
+        """Each term for each image, ``[batch]``; the heatmap loss in units of ``unit`` (the batch's)."""
+        logits = explanation.logits
+        return {
+            "heatmap": self.per_example_loss(explanation.relevance, targets, unit),
+            "cross_entropy": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
+            "logit_match": tf.reduce_mean(tf.square(logits - reference_logits), axis=-1),
+        }
+
+    def combine(self, terms: dict[str, tf.Tensor]) -> tf.Tensor:
+        return (
+            self.heatmap_weight * terms["heatmap"]
+            + self.ce_weight * terms["cross_entropy"]
+            + self.logit_weight * terms["logit_match"]
         )
-        logit_term = tf.reduce_mean(tf.square(explanation.logits - reference_logits))
-        loss = heatmap_weight * heatmap_term + ce_weight * ce_term + logit_weight * logit_term
-    gradients = tape.gradient(loss, variables)
-    gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-    optimizer.apply_gradients(zip(gradients, variables))
-    return {
-        "loss": loss,
-        "heatmap": heatmap_term,
-        "cross_entropy": ce_term,
-        "logit_match": logit_term,
-        "grad_norms": tf.stack([tf.norm(g) for g in gradients]),
-    }
+
+    def __call__(self, explanation, labels, targets, reference_logits) -> dict[str, tf.Tensor]:
+        unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
+        terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
+        return {"loss": self.combine(terms), **terms}
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
+    """The order epoch ``epoch`` (1-based) visits ``count`` training images in: a function of (seed, epoch) only.
+
+    Example:
+    >>> bool(np.array_equal(epoch_order(5, 0, 1), epoch_order(5, 0, 1)))
+    True
+    """
+    return np.random.default_rng([seed, epoch]).permutation(count)
 
 
 def _with_batch_constants(normalize: str):
@@ -99,21 +121,19 @@ def _with_batch_constants(normalize: str):
     return add
 
 
-def mirrored_step(
-    strategy, student, explainer, per_example_loss, optimizer, weights, with_norms: bool, jit_compile: bool = False
-):
-    """A cross-replica step ``fn(batch) -> terms``; ``batch`` is a distributed ``(x, y, target, ref, unit, count)``.
+def mirrored_step(strategy, student, explainer, objective: Manipulation, optimizer, with_norms: bool, jit_compile: bool = False):
+    """A cross-replica step ``fn(batch) -> result``; ``batch`` is a distributed ``(x, y, target, ref, unit, count)``.
 
-    Each replica: per-example losses, each term ``compute_average_loss`` over the global
-    batch size, gradients of its share (XLA-compiled with ``jit_compile``: the all-reduce and
-    the update stay outside XLA); the Keras optimizer sums the gradients over replicas (one
-    all-reduce) and applies the same update to every copy. The returned terms are
-    summed over replicas (each share is already divided by the global batch size).
-    ``with_norms`` also returns ``grad_norms``, the norms of the summed gradients as in
-    :func:`manipulation_step`; that costs a second all-reduce of every gradient (the
-    optimizer's own sum is not exposed), so the loop asks for it on an epoch's last step only.
+    Each replica: the objective's per-example terms, each ``compute_average_loss`` over the
+    global batch size, gradients of its share (XLA-compiled with ``jit_compile``: the
+    all-reduce and the update stay outside XLA); the Keras optimizer sums the gradients over
+    replicas (one all-reduce) and applies the same update to every copy. A NaN/Inf loss or
+    gradient on any replica skips the update on all of them (the flag is summed over replicas
+    first). The returned terms are summed over replicas (each share is already divided by
+    the global batch size). ``with_norms`` also returns ``grad_norms`` and ``zero_fractions``
+    of the summed gradients; that costs a second all-reduce of every gradient (the
+    optimizer's own sum is not exposed), so the task asks for it at an epoch's last step only.
     """
-    heatmap_weight, ce_weight, logit_weight = weights
     variables = student.trainable_variables
 
     def local_gradients(x, labels, targets, reference_logits, unit, count):
@@ -123,43 +143,45 @@ def mirrored_step(
         global_batch_size = tf.maximum(tf.reduce_max(count), 0)
         with tf.GradientTape() as tape:
             explanation = explainer.explain(x, labels)
-            heatmap_term = tf.nn.compute_average_loss(
-                per_example_loss(explanation.relevance, targets, unit), global_batch_size=global_batch_size
-            )
-            ce_term = tf.nn.compute_average_loss(
-                keras.losses.sparse_categorical_crossentropy(labels, explanation.logits, from_logits=True),
-                global_batch_size=global_batch_size,
-            )
-            logit_term = tf.nn.compute_average_loss(
-                tf.reduce_mean(tf.square(explanation.logits - reference_logits), axis=-1),
-                global_batch_size=global_batch_size,
-            )
-            loss = heatmap_weight * heatmap_term + ce_weight * ce_term + logit_weight * logit_term
+            per_example = objective.per_example(explanation, labels, targets, reference_logits, unit)
+            terms = {name: tf.nn.compute_average_loss(v, global_batch_size=global_batch_size) for name, v in per_example.items()}
+            loss = objective.combine(terms)
         gradients = tape.gradient(loss, variables)
         gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-        return loss, heatmap_term, ce_term, logit_term, gradients
+        return loss, terms, gradients
 
     if jit_compile:
         local_gradients = tf.function(local_gradients, jit_compile=True)
 
-    def replica_step(*batch):
-        loss, heatmap_term, ce_term, logit_term, gradients = local_gradients(*batch)
-        result = {"loss": loss, "heatmap": heatmap_term, "cross_entropy": ce_term, "logit_match": logit_term}
+    def replica_gradients(*batch):
+        loss, terms, gradients = local_gradients(*batch)
+        context = tf.distribute.get_replica_context()
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)])
+        result = {"loss": loss, **terms, "gradients": gradients, "bad": 1 - tf.cast(finite, tf.int32)}
         if with_norms:
-            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-            result["grad_norms"] = tf.stack([tf.norm(g) for g in summed])
-        optimizer.apply_gradients(zip(gradients, variables))  # all-reduces (sums) the gradients
+            result.update(gradient_stats(context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)))
         return result
 
+    def replica_apply(gradients):
+        optimizer.apply_gradients(zip(gradients, variables))  # all-reduces (sums) the gradients
+
     def step(batch):
-        result = strategy.run(replica_step, args=batch)
-        terms = {
-            key: strategy.reduce(tf.distribute.ReduceOp.SUM, result[key], axis=None)
-            for key in ("loss", "heatmap", "cross_entropy", "logit_match")
-        }
+        result = strategy.run(replica_gradients, args=batch)
+        bad = strategy.reduce(tf.distribute.ReduceOp.SUM, result["bad"], axis=None)
+
+        def apply() -> tf.Tensor:
+            strategy.run(replica_apply, args=(result["gradients"],))
+            return tf.constant(0, tf.int32)
+
+        # Decided across replicas, outside the replica function: the update's all-reduce may
+        # not sit in a branch of a replica's own control flow.
+        nonfinite = tf.cond(bad > 0, lambda: tf.constant(1, tf.int32), apply)
+        terms = {key: strategy.reduce(tf.distribute.ReduceOp.SUM, result[key], axis=None) for key in ("loss", *TERMS)}
+        out = {"loss": terms.pop("loss"), "terms": terms, "nonfinite": nonfinite}
         if with_norms:  # the summed gradients are the same on every replica
-            terms["grad_norms"] = strategy.experimental_local_results(result["grad_norms"])[0]
-        return terms
+            first = strategy.experimental_local_results
+            out.update(grad_norms=first(result["grad_norms"])[0], zero_fractions=first(result["zero_fractions"])[0])
+        return out
 
     return step
 
@@ -189,139 +211,169 @@ def evaluate(explainer: LRP, x, labels, targets, chosen, threshold: float) -> di
     }
 
 
-def run_dataset(cfg, dataset, reference, reference_accuracy: float, student, explainer_for, write_outputs) -> dict:
-    """Train ``student`` so the chosen classes' heatmaps move to their targets; evaluate on test images.
+class DatasetTask:
+    """Move the chosen classes' heatmaps to their targets over epochs; evaluate on held-out images.
 
-    ``explainer_for(model)`` builds the configured LRP explainer; ``write_outputs(metrics,
-    student, grid_rgb)`` writes the run's files.
+    Example:
+    >>> task = DatasetTask(cfg, build_parts(cfg))  # doctest: +SKIP
+    >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
     """
-    task, t = cfg.task, cfg.target
-    out = cfg.paths.output_dir
-    classes = None if task.classes is None else list(task.classes)
-    reference_explainer = explainer_for(reference)
-    train_maps, train_logits = explain_all(reference_explainer, dataset.x_train, dataset.y_train)
-    test_maps, _ = explain_all(reference_explainer, dataset.x_test, dataset.y_test)
-    options = dict(pattern=t.pattern, pattern_path=t.path, like=t.like, top_k=t.top_k)
-    train_targets, _ = dataset_targets(t.kind, dataset.y_train, train_maps, classes, **options)
-    test_targets, test_chosen = dataset_targets(
-        t.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
-    )
 
-    weights = (task.heatmap_weight, task.ce_weight, task.logit_weight)
-    columns = (dataset.x_train, dataset.y_train.astype(np.int32), train_targets, train_logits.astype(np.float32))
-    batches = (
-        tf.data.Dataset.from_tensor_slices(columns)
-        .shuffle(len(dataset.x_train), seed=cfg.trainer.seed, reshuffle_each_iteration=True)
-        .batch(task.batch_size)
-    )
-    strategy = make_strategy(cfg.trainer.strategy)
-    trained = student  # the model the steps update: `student` itself, or its copy under the strategy
-    if strategy is None:
-        explainer = explainer_for(student)
-        optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
-        optimizer.build(student.trainable_variables)
-        loss_fn = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-        signature = [
-            tf.TensorSpec((None,) + dataset.x_train.shape[1:], tf.float32),
-            tf.TensorSpec((None,), tf.int32),
-            tf.TensorSpec((None,) + dataset.x_train.shape[1:], tf.float32),
-            tf.TensorSpec((None, train_logits.shape[1]), tf.float32),
-        ]
-        step = tf.function(
-            lambda x, y, target, ref: manipulation_step(student, explainer, loss_fn, optimizer, weights, x, y, target, ref),
-            input_signature=signature,
-            jit_compile=bool(cfg.trainer.jit_compile),
+    stopped_before_start = False  # the doctor's pre-flight check is for one image's objective
+
+    def __init__(self, cfg, parts: Parts):
+        self.cfg, self.parts = cfg, parts
+        task = cfg.task
+        data = parts.dataset
+        self.problem = dataset_problem(cfg, data, parts.reference)
+        self.columns = tuple(
+            tf.constant(c) for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
         )
-        batches = batches.prefetch(2)
-        run_step = lambda batch, last: step(*batch)  # noqa: E731
-    else:
-        print(f"heatinv: {strategy.num_replicas_in_sync} replicas (MirroredStrategy)", flush=True)
-        with strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
-            trained = keras.models.clone_model(student)
-            trained.set_weights(student.get_weights())
-            optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
-            optimizer.build(trained.trainable_variables)
-        explainer = explainer_for(trained)
+        self.steps_per_epoch = math.ceil(len(data.x_train) / task.batch_size)
+        self.total = task.epochs * self.steps_per_epoch
+        self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-        batches = strategy.experimental_distribute_dataset(
-            batches.map(_with_batch_constants(cfg.loss.normalize)).prefetch(2)
-        )
-        # trainer.jit_compile compiles each replica's loss and gradients with XLA; the
-        # cross-replica all-reduce and the optimizer update stay outside it.
-        compiled = {
-            with_norms: tf.function(
-                mirrored_step(
-                    strategy, trained, explainer, per_example, optimizer, weights, with_norms, bool(cfg.trainer.jit_compile)
-                ),
-                input_signature=[batches.element_spec],
-            )
-            for with_norms in (False, True)
-        }
-        run_step = lambda batch, last: compiled[last](batch)  # noqa: E731
-    checkpoint = tf.train.Checkpoint(student=trained, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(out, "checkpoints"), max_to_keep=2)
+        objective = Manipulation(per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight)
+        self.strategy = make_strategy(cfg.trainer.strategy)
+        self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
+        if self.strategy is None:
+            self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+            self.explainer = explainer_for(self.student, cfg)
+            mode = "xla" if cfg.trainer.jit_compile else "function"
+            self.compiled = compile_step(self.student, self.explainer, objective, self.optimizer, mode)
+        else:
+            print(f"heatinv: {self.strategy.num_replicas_in_sync} replicas (MirroredStrategy)", flush=True)
+            with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
+                self.student = keras.models.clone_model(parts.student)
+                self.student.set_weights(parts.student.get_weights())
+                self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+                self.optimizer.build(self.student.trainable_variables)
+            self.explainer = explainer_for(self.student, cfg)
+            spec = self._distributed(self._epoch_batches(1, 0)).element_spec
+            # trainer.jit_compile compiles each replica's loss and gradients with XLA; the
+            # cross-replica all-reduce and the optimizer update stay outside it.
+            self.mirrored = {
+                with_norms: tf.function(
+                    mirrored_step(
+                        self.strategy, self.student, self.explainer, objective, self.optimizer, with_norms,
+                        bool(cfg.trainer.jit_compile),
+                    ),
+                    input_signature=[spec],
+                )
+                for with_norms in (False, True)
+            }
+        self.variables = self.student.trainable_variables
+        # The running sums of the epoch's training terms live in the checkpoint, so an epoch
+        # resumed half-way reports the same averages as an uninterrupted one.
+        self.sums = tf.Variable(tf.zeros(1 + len(TERMS), tf.float64), trainable=False, name="epoch_term_sums")
+        self.state = {"epoch_term_sums": self.sums}
+        self.initial = self.evaluate()  # before any resume: the run's own start
 
-    initial = evaluate(explainer, dataset.x_test, dataset.y_test, test_targets, test_chosen, task.success_threshold)
-    print(f"heatinv: before: cosine {initial['cosine']:.3f}, accuracy {initial['student_accuracy']:.3f}", flush=True)
-    seconds, step_count = 0.0, 0
-    steps_per_epoch = -(-len(dataset.x_train) // task.batch_size)
-    variables = student.trainable_variables
-    with Summaries(os.path.join(out, "tensorboard")) as summaries:
-        summaries.text("config", "```\n" + OmegaConf.to_yaml(cfg, resolve=False) + "\n```")
-        summaries.scalars(0, {f"test/{k}": v for k, v in initial.items()})
-        for epoch in range(1, task.epochs + 1):
-            started = time.perf_counter()
-            totals: dict[str, tf.Tensor] = {}
-            n = 0
-            for batch in batches:
-                result = run_step(batch, n + 1 == steps_per_epoch)
-                for key in ("loss", "heatmap", "cross_entropy", "logit_match"):
-                    totals[key] = totals.get(key, 0.0) + result[key]
-                n += 1
-            seconds += time.perf_counter() - started
-            step_count += n
-            test = evaluate(explainer, dataset.x_test, dataset.y_test, test_targets, test_chosen, task.success_threshold)
-            train_terms = {f"train/{k}": float(v) / n for k, v in totals.items()}
-            summaries.scalars(epoch, {**train_terms, **{f"test/{k}": v for k, v in test.items()}})
-            summaries.gradients(epoch, variables, result["grad_norms"].numpy(), np.zeros(len(variables)))
-            manager.save(checkpoint_number=epoch)
-            print(
-                f"epoch {epoch}/{task.epochs}: loss {train_terms['train/loss']:.4g}  test cosine {test['cosine']:.3f}  "
-                f"success {test['success_rate']:.2f}  accuracy {test['student_accuracy']:.3f}",
-                flush=True,
-            )
-        rows = _grid_rows(explainer, dataset, test_maps, test_targets, test_chosen)
-        if trained is not student:
-            student.set_weights(trained.get_weights())
-        metrics = {
-            "reference_accuracy": reference_accuracy,
+    def _epoch_batches(self, epoch: int, first_batch: int) -> tf.data.Dataset:
+        size = self.cfg.task.batch_size
+        order = epoch_order(len(self.parts.dataset.x_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
+        columns = self.columns
+
+        def gather(index):
+            return tuple(tf.gather(column, index) for column in columns)
+
+        return tf.data.Dataset.from_tensor_slices(order).batch(size).map(gather)
+
+    def _distributed(self, batches: tf.data.Dataset):
+        return self.strategy.experimental_distribute_dataset(batches.map(_with_batch_constants(self.cfg.loss.normalize)))
+
+    def evaluate(self) -> dict[str, float]:
+        data, problem = self.parts.dataset, self.problem
+        return evaluate(self.explainer, data.x_test, data.y_test, problem.test_targets, problem.test_chosen, self.cfg.task.success_threshold)
+
+    def diagnose(self) -> list:
+        return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
+
+    def begin(self, summaries: Summaries) -> None:
+        summaries.text("config", "```\n" + OmegaConf.to_yaml(self.cfg, resolve=False) + "\n```")
+        summaries.scalars(0, {f"test/{k}": v for k, v in self.initial.items()})
+        print(f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}", flush=True)
+
+    def calls(self, start: int) -> Iterator[Call]:
+        per_epoch = self.steps_per_epoch
+        for epoch in range(start // per_epoch + 1, self.cfg.task.epochs + 1):
+            first = max(0, start - (epoch - 1) * per_epoch)  # batches of this epoch done before a resume
+            batches = self._epoch_batches(epoch, first)
+            batches = batches.prefetch(2) if self.strategy is None else self._distributed(batches.prefetch(2))
+            for k, batch in enumerate(batches, start=first):
+                done = (epoch - 1) * per_epoch + k + 1
+                yield Call(1, done, k + 1 == per_epoch, batch)
+
+    def step(self, call: Call) -> dict:
+        if self.strategy is None:
+            result = self.compiled(*call.batch)
+        else:
+            result = self.mirrored[call.log](call.batch)
+        values = [result["loss"]] + [result["terms"][name] for name in TERMS]
+        self.sums.assign_add(tf.cast(tf.stack(values), tf.float64))
+        return result
+
+    def log_step(self, done: int) -> int:
+        return done // self.steps_per_epoch  # the epoch: TensorBoard's axis for this task
+
+    def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]:
+        """At an epoch's end: the epoch's mean training terms and the held-out metrics."""
+        epoch = self.log_step(call.done)
+        means = self.sums.numpy() / self.steps_per_epoch
+        self.sums.assign(tf.zeros_like(self.sums))
+        train_terms = {f"train/{name}": float(v) for name, v in zip(("loss", *TERMS), means)}
+        self.test = self.evaluate()
+        summaries.scalars(epoch, {**train_terms, **{f"test/{k}": v for k, v in self.test.items()}})
+        print(
+            f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['train/loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
+            f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}",
+            flush=True,
+        )
+        return {"test_cosine": self.test["cosine"]}
+
+    def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
+        if self.student is not self.parts.student:
+            self.parts.student.set_weights(self.student.get_weights())
+        test = self.evaluate()
+        return {
+            "reference_accuracy": self.parts.reference_accuracy,
             **test,
-            "initial_cosine": initial["cosine"],
-            "epochs": task.epochs,
-            "steps": step_count,
-            "seconds": seconds,
-            "steps_per_second": step_count / seconds if seconds else float("nan"),
-            "manipulated_test_images": int(test_chosen.sum()),
-            "target": f"{t.kind} ({'all classes' if classes is None else 'classes ' + str(classes)})",
+            "objective": 1.0 - test["cosine"],
+            "initial_cosine": self.initial["cosine"],
+            "epochs": self.cfg.task.epochs,
+            "steps": loop.steps,
+            **loop.timing(),
+            "nonfinite_steps": loop.nonfinite_steps,
+            "stopped_at_step": loop.stopped,
+            "manipulated_test_images": int(self.problem.test_chosen.sum()),
+            "target": self.problem.description,
         }
-        summaries.hparams(flat_config(cfg), metrics, trial_id=trial_name(out, cfg.paths.root))
-    write_outputs(metrics, student, grid(rows))
-    return metrics
 
+    def write(self, out: str, metrics: dict) -> None:
+        """``metrics.json``, ``student.keras`` and ``heatmaps.png``: rows of held-out images."""
+        write_run_files(out, metrics, self.parts.student, grid(self._grid_rows()))
 
-def _grid_rows(explainer, dataset, reference_maps, targets, chosen, count: int = 6) -> list[list[np.ndarray]]:
-    """Rows of held-out images: input, reference heatmap, target, student heatmap."""
-    index = np.flatnonzero(chosen)[:count]
-    student_maps, _ = explain_all(explainer, dataset.x_test[index], dataset.y_test[index])
-    rows = []
-    for row, i in enumerate(index):
-        vmax = float(np.abs(targets[i]).max()) or None
-        rows.append(
-            [
-                grayscale_rgb(dataset.x_test[i]),
-                diverging_rgb(reference_maps[i], float(np.abs(reference_maps[i]).max()) or None),
-                diverging_rgb(targets[i], vmax),
-                diverging_rgb(student_maps[row], float(np.abs(student_maps[row]).max()) or None),
-            ]
+    def _grid_rows(self, count: int = 6) -> list[list[np.ndarray]]:
+        """Rows of held-out images: input, reference heatmap, target, student heatmap."""
+        data, problem = self.parts.dataset, self.problem
+        index = np.flatnonzero(problem.test_chosen)[:count]
+        student_maps, _ = explain_all(self.explainer, data.x_test[index], data.y_test[index])
+        rows = []
+        for row, i in enumerate(index):
+            reference, target = problem.test_maps[i], problem.test_targets[i]
+            rows.append(
+                [
+                    grayscale_rgb(data.x_test[i]),
+                    diverging_rgb(reference, float(np.abs(reference).max()) or None),
+                    diverging_rgb(target, float(np.abs(target).max()) or None),
+                    diverging_rgb(student_maps[row], float(np.abs(student_maps[row]).max()) or None),
+                ]
+            )
+        return rows
+
+    @staticmethod
+    def summary_line(metrics: dict) -> str:
+        return (
+            f"heatinv: held-out cosine {metrics['cosine']:.4f}, success rate {metrics['success_rate']:.3f}; "
+            f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}"
         )
-    return rows

@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 
 import keras
 import numpy as np
 
+from heatinv.atomic import atomic_path
 from heatinv.data import Dataset
 from heatinv.layers import SoftplusBeta
+from heatinv.progress import FitProgress
 
 INPUT_SHAPE = (28, 28, 1)
 
@@ -105,6 +106,11 @@ def load_model_file(path: str) -> keras.Model:
         raise ValueError(f"Keras could not load model file {path} (model.path): {why}.{hint}") from error
 
 
+def variable_tag(variable) -> str:
+    """``<layer>/<variable>`` from a Keras variable's path (``sequential/dense/kernel``): TensorBoard tags and the doctor's names."""
+    return "/".join(variable.path.split("/")[-2:])
+
+
 def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on ``(x, y)``.
 
@@ -139,16 +145,12 @@ def reference_model(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
         )
-        model.fit(dataset.x_train, dataset.y_train, epochs=epochs, batch_size=32, verbose=0, shuffle=True)
+        batches = -(-len(dataset.x_train) // 32)
+        progress = FitProgress(f"training the reference {arch.name} ({epochs} epochs)", epochs, batches)
+        model.fit(dataset.x_train, dataset.y_train, epochs=epochs, batch_size=32, verbose=0, shuffle=True, callbacks=[progress])
         os.makedirs(cache_dir, exist_ok=True)
         # A temporary name of this writer's own, renamed into place: a crash never leaves a
         # truncated entry, and parallel sweep jobs training the same reference never collide.
-        handle, partial = tempfile.mkstemp(dir=cache_dir, prefix=".reference-", suffix=".keras")
-        os.close(handle)
-        try:
-            model.save(partial)
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
+        with atomic_path(path) as tmp:
+            model.save(tmp)
     return model, accuracy(model, dataset.x_test, dataset.y_test)

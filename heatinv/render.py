@@ -19,11 +19,10 @@ Example:
 
 from __future__ import annotations
 
-import os
-import uuid
-
 import numpy as np
 import tensorflow as tf
+
+from heatinv.atomic import write_bytes
 
 WHITE = 255
 # Drawn for NaN/Inf pixels, which the blue-white-red scale has no colour for:
@@ -170,21 +169,7 @@ def write_png(path: str, rgb: np.ndarray) -> None:
             "array [H, W, 3] (or [H, W, 1] / [H, W, 4]). Convert maps with "
             "diverging_rgb or grayscale_rgb first."
         )
-    encoded = tf.io.encode_png(rgb).numpy()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp_path = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    # os.open with mode 0o666 lets the umask decide permissions, as for any
-    # ordinary file; O_EXCL guards against clobbering a stranger's file.
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(encoded)
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
+    write_bytes(path, tf.io.encode_png(rgb).numpy())
 
 
 def _as_2d(array: np.ndarray, function: str, argument: str) -> np.ndarray:

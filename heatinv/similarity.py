@@ -51,8 +51,6 @@ import math
 
 import tensorflow as tf
 
-METRIC_NAMES = ("cosine", "ssim", "pearson", "spearman")
-
 # Floor for norms and for the SSIM range. Small enough not to bias real LRP
 # maps (whose norms are O(0.1..10)), large enough that its square (1e-24)
 # and the SSIM constants built from it stay normal float32 numbers.

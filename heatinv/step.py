@@ -35,29 +35,44 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from heatinv.losses import HeatmapLoss
 from heatinv.lrp import LRP
 from heatinv.lrp.canonize import Pool
 
 MODES = ("eager", "function", "xla")
 
+Objective = Callable[..., dict]
+"""``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar, ...}``."""
+
 
 def update(
     student: keras.Model,
     explainer: LRP,
-    loss_fn: HeatmapLoss,
+    objective: Objective,
     optimizer: keras.optimizers.Optimizer,
     x: tf.Tensor,
     label: tf.Tensor,
     target: tf.Tensor,
-) -> dict[str, tf.Tensor | list[tf.Tensor]]:
-    """One update without diagnostics: ``loss``, ``heatmap`` (before the update), ``logits``,
-    ``gradients``, and ``nonfinite`` (1 when the loss or a gradient was NaN/Inf and the update
-    was skipped, else 0)."""
+    *extra: tf.Tensor,
+) -> dict[str, tf.Tensor | list[tf.Tensor] | dict[str, tf.Tensor]]:
+    """One update without diagnostics.
+
+    Args:
+        objective: ``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar}``
+            (:class:`heatinv.losses.HeatmapMatch` for one heatmap, the dataset task's
+            :class:`heatinv.manipulate.Manipulation`).
+        x, label, target, extra: one batch: inputs, explained classes, target heatmaps and
+            whatever else the objective reads.
+
+    Returns:
+        ``loss``, ``terms`` (the objective's other terms, float32), ``heatmap`` (before the
+        update), ``logits``, ``gradients``, and ``nonfinite`` (1 when the loss or a gradient
+        was NaN/Inf and the update was skipped, else 0).
+    """
     variables = student.trainable_variables
     with tf.GradientTape() as tape:
         explanation = explainer.explain(x, label)
-        loss = loss_fn(explanation.relevance, target)
+        terms = dict(objective(explanation, label, target, *extra))
+        loss = terms.pop("loss")
     gradients = tape.gradient(loss, variables)
     # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
     gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
@@ -71,6 +86,7 @@ def update(
     nonfinite = tf.cond(finite, apply, lambda: tf.constant(1, tf.int32))
     return {
         "loss": tf.cast(loss, tf.float32),
+        "terms": {name: tf.cast(value, tf.float32) for name, value in terms.items()},
         "heatmap": explanation.relevance,
         "logits": explanation.logits,
         "gradients": gradients,
@@ -89,11 +105,12 @@ def gradient_stats(gradients: list[tf.Tensor]) -> dict[str, tf.Tensor]:
 def train_step(
     student: keras.Model,
     explainer: LRP,
-    loss_fn: HeatmapLoss,
+    objective: Objective,
     optimizer: keras.optimizers.Optimizer,
     x: tf.Tensor,
     label: tf.Tensor,
     target: tf.Tensor,
+    *extra: tf.Tensor,
 ) -> dict[str, tf.Tensor | list[tf.Tensor]]:
     """One update of the student's weights towards ``target``.
 
@@ -101,13 +118,14 @@ def train_step(
         x: ``[batch, 28, 28, 1]`` input (its dtype sets the working precision).
         label: ``[batch]`` int, the explained class.
         target: heatmap with the shape of ``x``.
+        extra: the objective's other inputs (see :func:`update`).
 
     Returns:
-        ``loss`` (scalar), ``heatmap`` (before the update), ``logits``, ``gradients``
+        ``loss`` (scalar), ``terms``, ``heatmap`` (before the update), ``logits``, ``gradients``
         (one per trainable variable, zeros where no path exists), ``grad_norms`` and
         ``zero_fractions`` (``[variables]``).
     """
-    result = update(student, explainer, loss_fn, optimizer, x, label, target)
+    result = update(student, explainer, objective, optimizer, x, label, target, *extra)
     return {**result, **gradient_stats(result["gradients"])}
 
 
@@ -225,7 +243,7 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables)
 
 
 class CompiledStep:
-    """``step(x, label, target, steps=None) -> dict``: ``steps`` updates in one call.
+    """``step(x, label, target, *extra, steps=None) -> dict``: ``steps`` updates on one batch in one call.
 
     Built by :func:`compile_step`. ``steps`` defaults to ``steps_per_execution``; any other
     positive count runs without a retrace (it is passed as a tensor), so a loop can stop
@@ -254,7 +272,7 @@ class CompiledStep:
         self,
         student,
         explainer,
-        loss_fn,
+        objective,
         optimizer,
         mode: str,
         steps_per_execution: int,
@@ -267,18 +285,21 @@ class CompiledStep:
         self.steps_per_execution = steps_per_execution
         variables = student.trainable_variables
         class_shape = _class_shape(explainer) if steps_per_execution > 1 else None
+        term_names = tuple(getattr(objective, "terms", ()))
 
-        def one(x, label, target):
-            return update(student, explainer, loss_fn, optimizer, x, label, target)
+        def one(*batch):
+            return update(student, explainer, objective, optimizer, *batch)
 
-        def single(x, label, target):
-            return train_step(student, explainer, loss_fn, optimizer, x, label, target)
+        def single(*batch):
+            return train_step(student, explainer, objective, optimizer, *batch)
 
         def looped(body_fn):
-            def many(x, label, target, steps):
+            def many(steps, *batch):
                 """``steps >= 1`` updates in a while loop; the loop carries the last outputs."""
+                x = batch[0]
                 first = {
                     "loss": tf.zeros([], tf.float32),
+                    "terms": {name: tf.zeros([], tf.float32) for name in term_names},
                     "heatmap": tf.zeros_like(x),
                     "logits": tf.zeros(tf.concat([tf.shape(x)[:1], class_shape], axis=0), x.dtype),
                     "gradients": [tf.zeros_like(v) for v in variables],
@@ -286,7 +307,7 @@ class CompiledStep:
                 }
 
                 def body(i, last, skipped):
-                    result = body_fn(x, label, target)
+                    result = body_fn(*batch)
                     return i + 1, result, skipped + result["nonfinite"]
 
                 _, last, skipped = tf.while_loop(
@@ -315,15 +336,15 @@ class CompiledStep:
             self._many = tf.function(looped(one), jit_compile=jit, reduce_retracing=True)
         self.function = self._many
 
-    def __call__(self, x, label, target, steps: int | None = None) -> dict:
+    def __call__(self, *batch, steps: int | None = None) -> dict:
         steps = self.steps_per_execution if steps is None else int(steps)
         if steps < 1:
             raise ValueError(f"steps must be a positive number of updates, got {steps}.")
         if self._many is not None:
-            return self._many(x, label, target, tf.constant(steps, tf.int32))
+            return self._many(tf.constant(steps, tf.int32), *batch)
         skipped = tf.constant(0, tf.int32)
         for _ in range(steps):
-            result = self._single(x, label, target)
+            result = self._single(*batch)
             skipped += result["nonfinite"]
         return {**result, "nonfinite": skipped}
 
@@ -342,14 +363,14 @@ def _class_shape(explainer: LRP) -> list[int]:
 def compile_step(
     student: keras.Model,
     explainer: LRP,
-    loss_fn: HeatmapLoss,
+    objective: Objective,
     optimizer: keras.optimizers.Optimizer,
     mode: str = "function",
     steps_per_execution: int = 1,
     *,
     xla_loop: bool | None = None,
 ) -> CompiledStep:
-    """``step(x, label, target, steps=None)``: :func:`update` run eagerly, as a graph, or with XLA.
+    """``step(x, label, target, *extra, steps=None)``: :func:`update` run eagerly, as a graph, or with XLA.
 
     With ``steps_per_execution=N > 1`` one call runs ``N`` updates inside one compiled
     ``tf.while_loop`` (one dispatch, one host read of the loss per ``N`` steps); in ``xla``
@@ -359,7 +380,7 @@ def compile_step(
     are built first, so the first trace creates none.
 
     Example:
-    >>> step = compile_step(model, LRP(model), heatmap_loss("mse"), keras.optimizers.Adam(),
+    >>> step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(),
     ...                     "xla", steps_per_execution=25)  # doctest: +SKIP
     >>> for n, done, log in schedule(300, 25, log_every=25):  # doctest: +SKIP
     ...     result = step(x, label, target, steps=n)   # n updates, one dispatch
@@ -370,7 +391,7 @@ def compile_step(
     if int(steps_per_execution) != steps_per_execution or steps_per_execution < 1:
         raise ValueError(f"steps_per_execution must be a positive integer, got {steps_per_execution!r}.")
     optimizer.build(student.trainable_variables)
-    return CompiledStep(student, explainer, loss_fn, optimizer, mode, int(steps_per_execution), xla_loop)
+    return CompiledStep(student, explainer, objective, optimizer, mode, int(steps_per_execution), xla_loop)
 
 
 def schedule(total: int, steps_per_execution: int, log_every: int, start: int = 0) -> Iterator[tuple[int, int, bool]]:

@@ -16,14 +16,10 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 from tensorboard.plugins.hparams import api as hp
 
+from heatinv.final_metrics import FINAL_METRICS
+from heatinv.models import variable_tag
 from heatinv.render import diverging_rgb, grayscale_rgb
 
-FINAL_METRICS = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
-
-
-def variable_tag(variable) -> str:
-    """``<layer>/<variable>`` from a Keras variable's path (``sequential/dense/kernel``)."""
-    return "/".join(variable.path.split("/")[-2:])
 
 
 def trial_name(out: str, root: str) -> str:

@@ -80,9 +80,16 @@ def inputs_for(model: keras.Model, rng: np.random.Generator, batch: int = 3) -> 
     return rng.uniform(0.0, 1.0, shape).astype(model.inputs[0].dtype)
 
 
-@pytest.fixture
-def composed(tmp_path_factory):
-    """``composed(*overrides) -> (cfg, out)``: the ``train`` config with its own output dir and a shared cache."""
+SMOKE = "debug=smoke"
+"""The one "shrink it for tests" setting: ``configs/debug/smoke.yaml`` (a tiny model, a few steps)."""
+
+
+def compose_run(out, cache, *overrides: str):
+    """The ``train`` config as the command line composes it, shrunk by ``debug=smoke``, writing to ``out``.
+
+    Every test that runs the trainer in-process composes its config here; ``overrides`` come
+    last, so a test can undo any part of the smoke setting (e.g. ``trainer.steps=40``).
+    """
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -90,16 +97,35 @@ def composed(tmp_path_factory):
 
     register()
     GlobalHydra.instance().clear()
-    cache = tmp_path_factory.mktemp("cache")
+    try:
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            return compose(
+                "train",
+                overrides=[SMOKE, f"paths.output_dir={out}", f"paths.cache_dir={cache}", f"paths.root={out}", *overrides],
+            )
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def train_command(run_dir, cache, *overrides: str) -> list[str]:
+    """``python -m heatinv.train`` with the smoke setting, writing to ``run_dir`` (for subprocess tests)."""
+    import sys
+
+    return [sys.executable, "-m", "heatinv.train", SMOKE, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *overrides]
+
+
+@pytest.fixture(scope="session")
+def reference_cache(tmp_path_factory):
+    """One reference-model cache for the session: each reference architecture trains once."""
+    return tmp_path_factory.mktemp("reference-cache")
+
+
+@pytest.fixture
+def composed(tmp_path_factory, reference_cache):
+    """``composed(*overrides) -> (cfg, out)``: :func:`compose_run` with a fresh output dir and the session's cache."""
 
     def make(*overrides: str):
         out = tmp_path_factory.mktemp("run")
-        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-            cfg = compose(
-                "train",
-                overrides=[f"paths.output_dir={out}", f"paths.cache_dir={cache}", f"paths.root={out}", *overrides],
-            )
-        return cfg, out
+        return compose_run(out, reference_cache, *overrides), out
 
-    yield make
-    GlobalHydra.instance().clear()
+    return make

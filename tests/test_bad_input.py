@@ -8,43 +8,23 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 
-from heatinv.config import ConfigError, register
+from conftest import compose_run, train_command
+from heatinv.config import ConfigError
 from heatinv.lrp import UnsupportedLayerError
 from heatinv.train import run
 
-SMALL = ["model.hidden=[16,8]", "model.reference_epochs=1", "trainer.steps=2", "trainer.log_every=1"]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
 
 @pytest.fixture
-def config(tmp_path, cache):
-    register()
-    GlobalHydra.instance().clear()
-
-    def make(*overrides: str):
-        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-            return compose(
-                "train",
-                overrides=[*SMALL, f"paths.output_dir={tmp_path / 'run'}", f"paths.cache_dir={cache}",
-                           f"paths.root={tmp_path}", *overrides],
-            )
-
-    yield make
-    GlobalHydra.instance().clear()
+def config(tmp_path, reference_cache):
+    """``config(*overrides)``: the smoke-sized config writing to ``tmp_path / "run"``."""
+    return lambda *overrides: compose_run(tmp_path / "run", reference_cache, *overrides)
 
 
 def expect(error_type, cfg, *fragments: str, out: Path | None = None) -> str:
@@ -140,8 +120,7 @@ def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
-        [sys.executable, "-m", "heatinv.train", *SMALL, f"hydra.run.dir={tmp_path / 'run'}",
-         f"paths.cache_dir={tmp_path / 'cache'}", *overrides],
+        train_command(tmp_path / "run", tmp_path / "cache", *overrides),
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
     )
 

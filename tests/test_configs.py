@@ -212,3 +212,14 @@ def test_key_added_with_plus_is_refused_by_validate(compose_train):
     cfg = compose_train("+loss.detla=1")
     with pytest.raises(ConfigError, match=r"Unknown config key loss\.detla"):
         validate(cfg)
+
+
+def test_debug_smoke_shrinks_a_run_and_an_experiment(compose_train):
+    plain = compose_train()
+    smoke = compose_train("debug=smoke")
+    assert smoke.trainer.steps < plain.trainer.steps and smoke.model.reference_epochs < plain.model.reference_epochs
+    experiment = compose_train("experiment=pattern_frame_cnn")
+    shrunk = compose_train("experiment=pattern_frame_cnn", "debug=smoke")
+    assert shrunk.model.name == "cnn" and shrunk.task.kind == "dataset"  # the experiment stays what it is
+    assert shrunk.task.epochs == 1 < experiment.task.epochs and list(shrunk.model.filters) == [4, 8]
+    validate(shrunk)

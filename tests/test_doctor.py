@@ -265,7 +265,7 @@ def test_every_code_is_documented_and_reports_read_well():
     assert "No problems found" in format_report([])
 
 
-SMALL_RUN = ("model.hidden=[32,16]", "model.reference_epochs=1", "trainer.steps=5", "trainer.log_every=5")
+SMALL_RUN = ("model.hidden=[32,16]", "trainer.steps=5", "trainer.log_every=5")
 
 
 def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed):
@@ -285,22 +285,23 @@ def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed):
 
 def test_train_stops_when_a_step_has_only_zero_gradients(composed, monkeypatch):
     """The in-loop check: a step whose gradients all vanish stops the run with a fresh diagnosis."""
+    import heatinv.single as single
     import heatinv.train as train
 
     cfg, out = composed(*SMALL_RUN)
-    real = train.compile_step
+    real = single.compile_step
 
     def zeroing(*args, **kwargs):
         step = real(*args, **kwargs)
 
-        def wrapped(*a):
-            result = dict(step(*a))
+        def wrapped(*a, **kw):
+            result = dict(step(*a, **kw))
             result["zero_fractions"] = tf.ones_like(result["zero_fractions"])
             return result
 
         return wrapped
 
-    monkeypatch.setattr(train, "compile_step", zeroing)
+    monkeypatch.setattr(single, "compile_step", zeroing)
     with pytest.raises(train.GradientsVanished) as stop:
         train.run(cfg)
     assert stop.value.step == 1

@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
 from heatinv.config import register
 
-SHRINK = ("trainer.steps=3", "trainer.log_every=1", "model.hidden=[16,8]", "model.reference_epochs=1")
+SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
 FINAL = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
 
@@ -53,7 +53,7 @@ def cache_dir(tmp_path_factory) -> str:
     cold cache, every parallel job of a sweep would train the same reference)."""
     from heatinv.data import load_dataset
     from heatinv.models import reference_model
-    from heatinv.train import architecture
+    from heatinv.build import architecture
 
     cache = str(tmp_path_factory.mktemp("cache"))
     register()
@@ -286,9 +286,10 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
     finally:
         board.close()
 
-    # Columns: the swept keys (every key of the `loss` group, the shrink overrides), final metrics.
+    # Columns: the keys the command line sets (every key of the `loss` group, trainer.steps),
+    # final metrics; the keys debug=smoke sets (a global package) are not overrides of their own.
     columns = {info["name"]: info for info in experiment["hparamInfos"]}
-    assert {"loss.name", "loss.delta", "loss.normalize", "trainer.steps", "model.hidden"} <= set(columns)
+    assert {"loss.name", "loss.delta", "loss.normalize", "trainer.steps"} <= set(columns)
     assert "lrp.gamma" not in columns  # not swept: no column
     assert columns["loss.name"]["differs"] and not columns["trainer.steps"]["differs"]
     assert sorted(m["name"]["tag"] for m in experiment["metricInfos"]) == sorted(f"final/{m}" for m in FINAL)
@@ -298,7 +299,7 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
     rows = {group["hparams"]["loss.name"]: group for group in groups}
     for job in summary["jobs"]:
         row = rows[override(job, "loss")]
-        assert row["hparams"]["trainer.steps"] == 3 and row["hparams"]["model.hidden"] == "[16, 8]"
+        assert row["hparams"]["trainer.steps"] == 3
         values = {m["name"]["tag"]: m["value"] for m in row["metricValues"]}
         for name in FINAL:
             assert values[f"final/{name}"] == pytest.approx(job["metrics"][name], rel=1e-6), name
@@ -403,10 +404,16 @@ def test_failed_job_is_logged_where_it_ran(tmp_path):
 
 
 def test_env_defaults_keep_what_the_user_set(monkeypatch):
-    monkeypatch.delenv("HEATINV_TEST_A", raising=False)
+    # Set, then deleted: monkeypatch records the variable and removes what EnvDefaults sets at
+    # teardown (a bare delenv of an unset variable records nothing, and the value would leak
+    # into the rest of the session).
+    monkeypatch.setenv("HEATINV_TEST_A", "unset")
+    monkeypatch.delenv("HEATINV_TEST_A")
     monkeypatch.setenv("HEATINV_TEST_B", "mine")
     EnvDefaults({"HEATINV_TEST_A": "disabled", "HEATINV_TEST_B": "theirs"}).on_multirun_start(OmegaConf.create({}))
     assert os.environ["HEATINV_TEST_A"] == "disabled" and os.environ["HEATINV_TEST_B"] == "mine"
+    monkeypatch.undo()
+    assert "HEATINV_TEST_A" not in os.environ
 
 
 # --------------------------------------------------------------------------- fast: the configs

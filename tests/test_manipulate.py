@@ -13,7 +13,8 @@ import tensorflow as tf
 from heatinv.config import validate
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
-from heatinv.manipulate import evaluate, explain_all
+from heatinv.build import explain_all
+from heatinv.manipulate import evaluate
 from heatinv.models import Architecture, accuracy, build_model
 from heatinv.targets import pattern_map
 
@@ -94,9 +95,7 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
     from heatinv.data import load_digits
     from heatinv.train import run
 
-    cfg, out = composed(
-        "experiment=pattern_frame_mlp", "model.hidden=[16,8]", "model.reference_epochs=1", "task.epochs=2", "task.batch_size=128"
-    )
+    cfg, out = composed("experiment=pattern_frame_mlp", "task.epochs=2")
     metrics = run(cfg)
     written = json.loads((out / "metrics.json").read_text())
     for key in ("reference_accuracy", "student_accuracy", "cosine", "ssim", "pearson", "success_rate"):
@@ -108,4 +107,45 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
     assert written["student_accuracy"] == pytest.approx(accuracy(student, data.x_test, data.y_test), abs=1e-9)
     rgb = tf.io.decode_png((out / "heatmaps.png").read_bytes()).numpy()
     assert rgb.shape[-1] == 3 and rgb.shape[0] > rgb.shape[1] / 2  # rows of test images, four tiles each
-    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("ckpt-2"))
+    steps = 2 * -(-len(data.x_train) // 128)  # two epochs of batches of 128 (debug=smoke)
+    # Gradient statistics are measured, once per epoch: the first kernel's rows for pixels that
+    # are 0 in every training image get exactly zero gradient, so its zero fraction is at least
+    # the share of such pixels (the upsampled digits have empty borders).
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    zero_tags = sorted(tag for tag in events.Tags()["tensors"] if tag.startswith("zero_grad_fraction/"))
+    assert len(zero_tags) == len(student.trainable_variables) == 6
+    always_dark = float(np.mean(np.all(data.x_train.reshape(len(data.x_train), -1) == 0, axis=0)))
+    from heatinv.models import variable_tag
+
+    first_kernel = "zero_grad_fraction/" + variable_tag(student.trainable_variables[0])
+    series = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events.Tensors(first_kernel)]
+    assert [step for step, _ in series] == [1, 2] and always_dark > 0.05
+    assert all(always_dark <= value < 1 for _, value in series), (series, always_dark)
+    assert written["steps"] == steps and (out / "checkpoints" / f"ckpt-{steps}.index").is_file()
+
+
+def test_dataset_task_skips_nonfinite_updates_and_stops_after_max_nonfinite(composed, monkeypatch):
+    """The shared NaN/Inf guard: a NaN heatmap term skips every update, and 3 in a row stop the run."""
+    import heatinv.manipulate as manipulate
+    from heatinv.build import build_parts
+    from heatinv.train import GradientsVanished, run
+
+    real = manipulate.per_example_heatmap_loss
+
+    def poisoned(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return lambda heatmap, target, unit: loss(heatmap, target, unit) * tf.constant(np.nan, heatmap.dtype)
+
+    monkeypatch.setattr(manipulate, "per_example_heatmap_loss", poisoned)
+    cfg, out = composed("experiment=pattern_frame_mlp", "trainer.max_nonfinite=3")
+    with pytest.raises(GradientsVanished) as stop:
+        run(cfg)
+    assert stop.value.step == 3 and "3 steps in a row up to step 3 had a NaN/Inf loss" in str(stop.value)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nonfinite_steps"] == 3 and metrics["stopped_at_step"] == 3
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    for after, before in zip(student.get_weights(), build_parts(cfg).reference.get_weights()):  # init=reference
+        np.testing.assert_array_equal(after, before)

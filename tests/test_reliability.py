@@ -1,109 +1,174 @@
-"""Reliability: resume after SIGKILL or SIGTERM with the same final numbers; never overwrite results.
+"""Reliability: resume after SIGKILL or SIGTERM with the same final numbers; damaged checkpoints; changed configs.
 
-The subprocess tests run the real command line, kill it mid-run, resume it, and compare with
-an uninterrupted run of the same config and seed (CPU ops are deterministic here).
+The subprocess tests run the real command line. A run stops itself at a known step through
+the loop's test-only hook (``HEATINV_TEST_SIGNAL_AT_STEP=N:SIGNAL``, set in the child's
+environment only), so no test races a running process. A resumed run is compared with an
+uninterrupted run of the same config and seed (CPU ops are deterministic here). Time limits
+are hang detectors, not performance checks: each is a multiple of the uninterrupted run's
+own duration on this machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import train_command
 from heatinv.checkpoints import RunDirectoryError, guard_run_directory
+from heatinv.loop import TEST_SIGNAL_VARIABLE
 
-TINY = [
-    "model.hidden=[16,8]",
-    "model.reference_epochs=1",
-    "trainer.steps=400",
-    "trainer.log_every=50",
-    "trainer.checkpoint_every=20",
-]
-FINAL = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
+SINGLE = ["trainer.steps=120", "trainer.log_every=40", "trainer.steps_per_execution=10", "trainer.checkpoint_every=20"]
+DATASET = ["experiment=pattern_frame_mlp", "task.epochs=2", "trainer.checkpoint_every=4"]
+FINAL_SINGLE = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy", "steps")
+FINAL_DATASET = ("cosine", "ssim", "pearson", "spearman", "success_rate", "student_accuracy", "initial_cosine", "steps")
+FIRST_RUN_LIMIT = 900  # seconds; a hang detector for the first run, before any duration is known
 
 
-def command(run_dir: Path, cache: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "heatinv.train", *TINY, f"paths.cache_dir={cache}", f"hydra.run.dir={run_dir}", *extra]
-
-
-def start(cmd: list[str], cwd: Path) -> subprocess.Popen:
+def launch(run_dir: Path, cache: Path, *overrides: str, signal_at: str | None = None, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.pop(TEST_SIGNAL_VARIABLE, None)
+    if signal_at:
+        env[TEST_SIGNAL_VARIABLE] = signal_at  # this child only; the test session's environment is untouched
+    cmd = train_command(run_dir, cache, *overrides)
+    return subprocess.run(cmd, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    index = run_dir / "checkpoints" / "checkpoint"
-    deadline = time.monotonic() + timeout
-    while not index.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
+class Baseline:
+    """An uninterrupted run: its metrics, and a time limit for the runs compared with it."""
+
+    def __init__(self, root: Path, overrides: list[str]):
+        self.root, self.cache, self.overrides = root, root / "cache", overrides
+        started = time.monotonic()
+        done = launch(root / "uninterrupted", self.cache, *overrides, timeout=FIRST_RUN_LIMIT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        self.limit = max(120.0, 5 * (time.monotonic() - started))
+        self.metrics = json.loads((root / "uninterrupted" / "metrics.json").read_text())
+
+    def run(self, name: str, *extra: str, signal_at: str | None = None) -> subprocess.CompletedProcess:
+        return launch(self.root / name, self.cache, *self.overrides, *extra, signal_at=signal_at, timeout=self.limit)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    cache = root / "cache"
-    run_dir = root / "uninterrupted"
-    done = subprocess.run(command(run_dir, cache), cwd=root, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root, cache, json.loads((run_dir / "metrics.json").read_text())
+def single(tmp_path_factory):
+    return Baseline(tmp_path_factory.mktemp("single"), SINGLE)
 
 
-def assert_same_final_metrics(run_dir: Path, expected: dict) -> None:
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    for key in FINAL:
-        assert metrics[key] == expected[key], key
-    assert metrics["steps"] == expected["steps"]
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_gives_the_uninterrupted_result(uninterrupted):
-    root, cache, expected = uninterrupted
-    run_dir = root / "killed"
-    process = start(command(run_dir, cache), root)
-    wait_for_checkpoint(run_dir, process)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=60)
+@pytest.fixture(scope="module")
+def killed_single(single):
+    """A single-task run SIGKILLed after step 70: checkpoints 40 and 60 (the last two) remain."""
+    done = single.run("killed", signal_at="70:SIGKILL")
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    run_dir = single.root / "killed"
     assert not (run_dir / "metrics.json").exists()  # no half-written results
-    resumed = subprocess.run(command(run_dir, cache, "trainer.resume=true"), cwd=root, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming" in resumed.stdout
-    assert_same_final_metrics(run_dir, expected)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.index")) == ["ckpt-40.index", "ckpt-60.index"]
+    return run_dir
+
+
+def copy_of(run_dir: Path, name: str) -> str:
+    shutil.copytree(run_dir, run_dir.parent / name)
+    return name
+
+
+def assert_same_final_metrics(run_dir: Path, expected: dict, keys) -> None:
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    for key in keys:
+        assert metrics[key] == expected[key], key
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_exits_cleanly_and_says_how_to_resume(uninterrupted):
-    root, cache, expected = uninterrupted
-    run_dir = root / "terminated"
-    process = start(command(run_dir, cache), root)
-    wait_for_checkpoint(run_dir, process)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert "SIGTERM received" in stderr and "trainer.resume=true" in stderr and f"hydra.run.dir={run_dir}" in stderr
-    assert "Traceback" not in stderr
-    resumed = subprocess.run(command(run_dir, cache, "trainer.resume=true"), cwd=root, capture_output=True, text=True, timeout=600)
+def test_sigkill_then_resume_gives_the_uninterrupted_result(single, killed_single):
+    resumed = single.run(copy_of(killed_single, "resumed"), "trainer.resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_final_metrics(run_dir, expected)
+    assert "after step 60 of 120" in resumed.stdout  # the newest checkpoint before the kill at step 70
+    assert_same_final_metrics(single.root / "resumed", single.metrics, FINAL_SINGLE)
 
 
 @pytest.mark.slow
-def test_a_finished_run_directory_is_not_overwritten(uninterrupted):
-    root, cache, _ = uninterrupted
-    run_dir = root / "uninterrupted"
+def test_sigterm_checkpoints_exits_cleanly_and_resumes_after_that_step(single):
+    stopped = single.run("terminated", signal_at="90:SIGTERM")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    run_dir = single.root / "terminated"
+    assert "SIGTERM received: stopped after step 90" in stopped.stderr
+    assert "trainer.resume=true" in stopped.stderr and f"hydra.run.dir={run_dir}" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    resumed = single.run("terminated", "trainer.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "after step 90 of 120" in resumed.stdout  # from the SIGTERM checkpoint, not from scratch
+    assert_same_final_metrics(run_dir, single.metrics, FINAL_SINGLE)
+
+
+@pytest.mark.slow
+def test_a_finished_run_directory_is_not_overwritten(single):
+    run_dir = single.root / "uninterrupted"
     before = (run_dir / "metrics.json").read_bytes()
-    again = subprocess.run(command(run_dir, cache), cwd=root, capture_output=True, text=True, timeout=600)
+    again = single.run("uninterrupted")
     assert again.returncode == 2
     assert "already holds results" in again.stderr and "trainer.overwrite=true" in again.stderr
     assert "Traceback" not in again.stderr
     assert (run_dir / "metrics.json").read_bytes() == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncated data file", "removed index file"])
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(single, killed_single, damage):
+    name = copy_of(killed_single, damage.replace(" ", "-"))
+    folder = single.root / name / "checkpoints"
+    if damage == "truncated data file":
+        data = folder / "ckpt-60.data-00000-of-00001"
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    else:
+        (folder / "ckpt-60.index").unlink()
+    resumed = single.run(name, "trainer.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    warnings = [line for line in resumed.stderr.splitlines() if "warning: checkpoint" in line]
+    assert len(warnings) == 1 and "ckpt-60" in warnings[0] and "damaged" in warnings[0] and "skipped" in warnings[0]
+    assert "after step 40 of 120" in resumed.stdout
+    assert_same_final_metrics(single.root / name, single.metrics, FINAL_SINGLE)
+
+
+@pytest.mark.slow
+def test_no_usable_checkpoint_is_a_clear_error(single, killed_single):
+    name = copy_of(killed_single, "all-damaged")
+    for data in (single.root / name / "checkpoints").glob("ckpt-*.data-*"):
+        data.write_bytes(b"")
+    resumed = single.run(name, "trainer.resume=true")
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    message = resumed.stderr.splitlines()[-1]
+    assert "no checkpoint" in message and "reads back whole" in message
+    assert "ckpt-40" in message and "ckpt-60" in message and "trainer.overwrite=true" in message
+    assert not (single.root / name / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_resuming_with_a_changed_model_names_the_keys(single, killed_single):
+    name = copy_of(killed_single, "changed-model")
+    resumed = single.run(name, "trainer.resume=true", "model=cnn", "trainer.steps=200")
+    assert resumed.returncode == 2, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr and "incompatible tensor" not in resumed.stderr
+    message = resumed.stderr.splitlines()[-1]
+    assert "model.name: 'mlp' -> 'cnn'" in message and "trainer.overwrite=true" in message
+    assert "trainer.steps" not in message  # a key a resume may change is not refused
+    assert not (single.root / name / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_dataset_task_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_path_factory):
+    dataset = Baseline(tmp_path_factory.mktemp("dataset"), DATASET)
+    killed = dataset.run("killed", signal_at="7:SIGKILL")  # epoch 1 has 11 batches of 128 (debug=smoke)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = dataset.run("killed", "trainer.resume=true", "trainer.log_every=1")  # a key a resume may change
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "after step 4 of 22" in resumed.stdout and "trainer.log_every: 2 -> 1" in resumed.stdout
+    assert_same_final_metrics(dataset.root / "killed", dataset.metrics, FINAL_DATASET)
 
 
 def test_guard_run_directory(tmp_path):
@@ -115,41 +180,42 @@ def test_guard_run_directory(tmp_path):
     guard_run_directory(str(tmp_path), resume=False, overwrite=True)
 
 
-def test_nonfinite_steps_do_not_update_and_stop_the_run(tmp_path, monkeypatch):
+def test_checkpoints_of_an_unfinished_run_are_neither_reused_nor_lost_silently(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt-20.index").write_bytes(b"")
+    with pytest.raises(RunDirectoryError, match="checkpoints of an earlier run.*trainer.resume=true"):
+        guard_run_directory(str(tmp_path), resume=False, overwrite=False)
+    guard_run_directory(str(tmp_path), resume=True, overwrite=False)
+    assert (tmp_path / "checkpoints" / "ckpt-20.index").exists()
+    guard_run_directory(str(tmp_path), resume=False, overwrite=True)  # starting over removes them
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_nonfinite_steps_do_not_update_and_stop_the_run(composed, monkeypatch):
     """A NaN loss skips the update; max_nonfinite such steps in a row stop the run with a diagnosis."""
     import keras
     import numpy as np
     import tensorflow as tf
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
 
+    import heatinv.single as single_task
     import heatinv.train as train
-    from heatinv.config import register
+    from heatinv.build import architecture
     from heatinv.models import build_model
 
-    real = train.heatmap_loss
+    real = single_task.heatmap_loss
 
     def poisoned(*args, **kwargs):
         loss = real(*args, **kwargs)
         return lambda heatmap, target: loss(heatmap, target) * tf.constant(np.nan, heatmap.dtype)
 
-    monkeypatch.setattr(train, "heatmap_loss", poisoned)
-    register()
-    GlobalHydra.instance().clear()
-    out = tmp_path / "run"
-    with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-        cfg = compose("train", overrides=[
-            "model.hidden=[16,8]", "model.reference_epochs=1", "trainer.steps=20", "trainer.steps_per_execution=1",
-            "trainer.max_nonfinite=4", f"paths.output_dir={out}", f"paths.cache_dir={tmp_path / 'cache'}",
-            f"paths.root={tmp_path}",
-        ])
-    GlobalHydra.instance().clear()
+    monkeypatch.setattr(single_task, "heatmap_loss", poisoned)
+    cfg, out = composed("trainer.steps=20", "trainer.steps_per_execution=1", "trainer.max_nonfinite=4")
     with pytest.raises(train.GradientsVanished) as stop:
         train.run(cfg)
     assert stop.value.step == 4 and "4 steps in a row up to step 4 had a NaN/Inf loss" in str(stop.value)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["nonfinite_steps"] == 4 and metrics["stopped_at_step"] == 4
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
-    untouched = build_model(train.architecture(cfg), 10, seed=cfg.trainer.seed)
+    untouched = build_model(architecture(cfg), 10, seed=cfg.trainer.seed)
     for after, before in zip(student.get_weights(), untouched.get_weights()):
         np.testing.assert_array_equal(after, before)

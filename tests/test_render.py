@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from heatinv import render
+from heatinv import atomic, render
 
 
 def test_zero_is_white_max_is_red_min_is_blue():
@@ -161,7 +161,7 @@ def test_write_png_cleans_up_when_the_rename_fails(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(render.os, "replace", failing_replace)
+    monkeypatch.setattr(atomic.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         render.write_png(str(tmp_path / "x.png"), np.zeros((2, 2, 3), np.uint8))
     assert os.listdir(tmp_path) == []

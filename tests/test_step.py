@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import conv_model, dense_model, inputs_for
-from heatinv.losses import heatmap_loss
+from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.step import (
     apply_gradients,
@@ -38,7 +38,7 @@ def _copy(model: keras.Model) -> keras.Model:
 
 def _step(model, mode="function", n=1, optimizer=None, composite="epsilon_gamma_box"):
     optimizer = optimizer or keras.optimizers.Adam(1e-2)
-    return compile_step(model, LRP(model, composite), heatmap_loss("mse"), optimizer, mode, n), optimizer
+    return compile_step(model, LRP(model, composite), HeatmapMatch(heatmap_loss("mse")), optimizer, mode, n), optimizer
 
 
 def _weights(model):
@@ -74,7 +74,7 @@ def test_compiled_result_has_train_steps_keys_and_values(rng):
     copy = _copy(model)
     optimizer = keras.optimizers.Adam(1e-2)
     optimizer.build(copy.trainable_variables)
-    plain = train_step(copy, LRP(copy, "epsilon_gamma_box"), heatmap_loss("mse"), optimizer, x, label, target)
+    plain = train_step(copy, LRP(copy, "epsilon_gamma_box"), HeatmapMatch(heatmap_loss("mse")), optimizer, x, label, target)
     step, _ = _step(_copy(model))
     result = step(x, label, target)
     assert set(result) == set(plain)
@@ -93,10 +93,10 @@ def test_multi_step_equals_single_steps(mode, rng):
     single, single_opt = _step(single_model, mode.replace("_loop", ""), 1)
     if mode == "xla_loop":
         multi_opt = keras.optimizers.Adam(1e-2)
-        multi = compile_step(multi_model, LRP(multi_model, "epsilon_gamma_box"), heatmap_loss("mse"), multi_opt, "xla", n, xla_loop=True)
+        multi = compile_step(multi_model, LRP(multi_model, "epsilon_gamma_box"), HeatmapMatch(heatmap_loss("mse")), multi_opt, "xla", n, xla_loop=True)
     elif mode == "xla":  # the graph loop around the XLA update (the default for convolutional models)
         multi_opt = keras.optimizers.Adam(1e-2)
-        multi = compile_step(multi_model, LRP(multi_model, "epsilon_gamma_box"), heatmap_loss("mse"), multi_opt, "xla", n, xla_loop=False)
+        multi = compile_step(multi_model, LRP(multi_model, "epsilon_gamma_box"), HeatmapMatch(heatmap_loss("mse")), multi_opt, "xla", n, xla_loop=False)
     else:
         multi, multi_opt = _step(multi_model, mode, n)
     singles = [single(x, label, target) for _ in range(n)]
@@ -150,7 +150,7 @@ def test_xla_loop_is_chosen_for_dense_models_only(rng):
     assert _step(dense, "xla", 4)[0].xla_loop
     assert not _step(conv, "xla", 4)[0].xla_loop
     assert not _step(dense, "function", 4)[0].xla_loop and not _step(dense, "xla", 1)[0].xla_loop
-    forced = compile_step(conv, LRP(conv), heatmap_loss("mse"), keras.optimizers.Adam(), "xla", 4, xla_loop=True)
+    forced = compile_step(conv, LRP(conv), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(), "xla", 4, xla_loop=True)
     assert forced.xla_loop
 
 

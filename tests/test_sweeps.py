@@ -20,7 +20,7 @@ import yaml
 pytestmark = pytest.mark.slow
 
 LOSSES = ("l1", "mse", "huber")
-SHRINK = ("trainer.steps=3", "trainer.log_every=1", "model.hidden=[16,8]", "model.reference_epochs=1")
+SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
 
 

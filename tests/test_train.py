@@ -18,14 +18,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from heatinv.config import register
+from conftest import compose_run
+from heatinv.build import build_parts, explainer_for, single_target
 from heatinv.data import load_dataset
-from heatinv.losses import heatmap_loss
+from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.models import Architecture, accuracy, build_model
 from heatinv.render import diverging_rgb
@@ -33,14 +32,8 @@ from heatinv.similarity import similarity_numpy
 from heatinv.step import compile_step
 from heatinv.summaries import variable_tag
 from heatinv.targets import pattern_map
-from heatinv.train import GradientsVanished, build_models, explainer_for, make_target, run
+from heatinv.train import GradientsVanished, run
 
-SHRINK = (
-    "trainer.steps=4",
-    "trainer.log_every=2",
-    "model.hidden=[16,8]",
-    "model.reference_epochs=1",
-)
 METRIC_KEYS = (
     "loss",
     "cosine",
@@ -57,29 +50,13 @@ SIMILARITIES = ("cosine", "ssim", "pearson", "spearman")
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> str:
-    """One reference-model cache for the session: each reference architecture trains once."""
-    return str(tmp_path_factory.mktemp("reference-cache"))
+def cache_dir(reference_cache) -> str:
+    return str(reference_cache)
 
 
 def train_config(output_dir, cache_dir: str, *overrides: str):
-    """The shrunk ``train`` config with ``overrides``, writing to ``output_dir``."""
-    register()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-            return compose(
-                "train",
-                overrides=[
-                    *SHRINK,
-                    f"paths.root={output_dir}",
-                    f"paths.output_dir={output_dir}",
-                    f"paths.cache_dir={cache_dir}",
-                    *overrides,
-                ],
-            )
-    finally:
-        GlobalHydra.instance().clear()
+    """The smoke-sized ``train`` config with ``overrides``, writing to ``output_dir``."""
+    return compose_run(output_dir, cache_dir, *overrides)
 
 
 def events(output_dir) -> EventAccumulator:
@@ -137,8 +114,7 @@ def test_student_keras_loads_in_safe_mode_and_is_the_final_student(default_run):
 def test_student_keras_reproduces_the_final_heatmap(default_run, cache_dir):
     out, metrics = default_run
     cfg = train_config(out, cache_dir)
-    digits = load_dataset("digits")
-    target = make_target(cfg, digits, build_models(cfg, digits).reference)
+    target = single_target(cfg, load_dataset("digits"), build_parts(cfg).reference)
     student = keras.saving.load_model(os.path.join(out, "student.keras"), safe_mode=True)
     heatmap = explainer_for(student, cfg)(target.image, target.label).numpy()
     assert similarity_numpy(heatmap, target.heatmap)["cosine"] == pytest.approx(metrics["cosine"], abs=1e-5)
@@ -246,7 +222,7 @@ def test_compiled_step_lowers_the_loss_with_nonzero_gradients():
     target = LRP(teacher, "epsilon_gamma_box")(digits_image, label)
     student = build_model(Architecture("mlp", hidden=(16, 8)), seed=0)
     loss_fn = heatmap_loss("mse")
-    step = compile_step(student, LRP(student, "epsilon_gamma_box"), loss_fn, keras.optimizers.Adam(1e-2))
+    step = compile_step(student, LRP(student, "epsilon_gamma_box"), HeatmapMatch(loss_fn), keras.optimizers.Adam(1e-2))
 
     x = tf.constant(digits_image)
     losses = []
@@ -281,14 +257,13 @@ def test_same_seed_and_config_give_identical_metrics(default_run, tmp_path, cach
 
 def test_reference_init_starts_at_the_target(tmp_path, cache_dir):
     cfg = train_config(tmp_path, cache_dir, "init=reference", "target=digit7")
-    digits = load_dataset("digits")
-    models = build_models(cfg, digits)
-    target = make_target(cfg, digits, models.reference)
-    initial = explainer_for(models.student, cfg)(target.image, target.label).numpy()
+    parts = build_parts(cfg)
+    target = single_target(cfg, parts.dataset, parts.reference)
+    initial = explainer_for(parts.student, cfg)(target.image, target.label).numpy()
     np.testing.assert_array_equal(initial, target.heatmap)
     # A random student does not start there (so the check above can fail).
     random_cfg = train_config(tmp_path, cache_dir, "init=random", "target=digit7")
-    random_student = build_models(random_cfg, digits).student
+    random_student = build_parts(random_cfg).student
     random_initial = explainer_for(random_student, random_cfg)(target.image, target.label).numpy()
     assert similarity_numpy(random_initial, target.heatmap)["cosine"] < 0.99
 

@@ -10,27 +10,27 @@ import os
 import sys
 
 import hydra
-import keras
 from omegaconf import DictConfig
 
+from heatinv.atomic import write_json
+from heatinv.build import build_parts, explainer_for, single_target
 from heatinv.config import ConfigError, register, validate
-from heatinv.data import load_dataset
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.lrp import UnsupportedLayerError
-from heatinv.train import build_models, explainer_for, make_target, write_json
 
 
 def run_doctor(cfg) -> list:
-    """Build the run's student and target as :func:`heatinv.train.run` would, and diagnose them."""
+    """Build the run's student and target as :func:`heatinv.train.run` would (:mod:`heatinv.build`), and diagnose them.
+
+    Returns:
+        The findings, also written to ``doctor.json`` in the run directory.
+    """
     validate(cfg)
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(cfg.trainer.seed)
-    dataset = load_dataset(cfg.data.name, cfg.data.path)
-    models = build_models(cfg, dataset)
-    target = make_target(cfg, dataset, models.reference)
-    explainer = explainer_for(models.student, cfg)
+    parts = build_parts(cfg)
+    target = single_target(cfg, parts.dataset, parts.reference)
+    explainer = explainer_for(parts.student, cfg)
     objective = HeatmapObjective(target.heatmap, explainer, cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-    findings = diagnose(models.student, target.image, target.label, objective, cfg.trainer.precision)
+    findings = diagnose(parts.student, target.image, target.label, objective, cfg.trainer.precision)
     os.makedirs(cfg.paths.output_dir, exist_ok=True)
     write_json(os.path.join(cfg.paths.output_dir, "doctor.json"), [f.as_dict() for f in findings])
     print(format_report(findings, f"{cfg.init.kind} student, {target.source}"), flush=True)

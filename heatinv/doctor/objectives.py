@@ -16,7 +16,7 @@ from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, target_mask
 from heatinv.lrp.canonize import Linear, canonize
 from heatinv.lrp.propagate import Forward, forward
-from heatinv.summaries import variable_tag
+from heatinv.models import variable_tag
 
 
 @dataclass
@@ -132,5 +132,3 @@ def ends_in_softmax(steps) -> bool:
     layer = last.layer
     return isinstance(layer, keras.layers.Softmax) or getattr(layer, "activation", None) is keras.activations.softmax
 
-
-Objective = HeatmapObjective | SaliencyObjective | ExplanationObjective

@@ -1,0 +1,148 @@
+"""The single task: one image's heatmap moves to one target.
+
+Its objective is the heatmap loss alone (:class:`heatinv.losses.HeatmapMatch`) and its batch
+is the same image every step; the loop (:mod:`heatinv.loop`) does the rest. Before the first
+update the doctor diagnoses the student; a finding that leaves nothing to learn stops the run
+before step 1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow as tf
+from omegaconf import OmegaConf
+
+from heatinv.atomic import write_json
+from heatinv.build import Parts, explainer_for, single_target
+from heatinv.doctor import HeatmapObjective, diagnose, format_report
+from heatinv.loop import Call, LoopResult
+from heatinv.losses import HeatmapMatch, heatmap_loss
+from heatinv.models import accuracy
+from heatinv.outputs import write_run_files
+from heatinv.render import diverging_rgb, grayscale_rgb, panel
+from heatinv.similarity import similarity_numpy
+from heatinv.step import compile_step, make_optimizer, schedule
+from heatinv.summaries import Summaries
+
+NOTHING_TO_LEARN = ("zero-residual", "dead-output", "all-zero")
+"""Findings that leave the step nothing to follow: a run with one of them stops before step 1."""
+
+
+class SingleTask:
+    """Optimize ``parts.student`` until its heatmap of the target's image matches the target.
+
+    Example:
+    >>> task = SingleTask(cfg, build_parts(cfg))  # doctest: +SKIP
+    >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
+    """
+
+    def __init__(self, cfg, parts: Parts):
+        self.cfg, self.parts = cfg, parts
+        self.target = single_target(cfg, parts.dataset, parts.reference)
+        self.student = parts.student
+        self.explainer = explainer_for(self.student, cfg)
+        dtype = tf.float64 if cfg.trainer.precision == "float64" else tf.float32
+        self.x = tf.constant(self.target.image, dtype)
+        self.label = tf.constant([self.target.label], tf.int32)
+        self.target_map = tf.constant(self.target.heatmap, dtype)
+        self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+        self.loss_fn = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
+        self.compiled = compile_step(
+            self.student,
+            self.explainer,
+            HeatmapMatch(self.loss_fn),
+            self.optimizer,
+            "xla" if cfg.trainer.jit_compile else "function",
+            steps_per_execution=cfg.trainer.steps_per_execution,
+        )
+        self.variables = self.student.trainable_variables
+        self.state: dict = {}
+        self.initial = self.explainer(self.x, self.label).numpy()  # before any resume: the run's own start
+        self.findings = self.diagnose()
+        if self.findings:
+            print(format_report(self.findings, "before the first update"), flush=True)
+        self.total = cfg.trainer.steps
+        self.stopped_before_start = any(finding.code in NOTHING_TO_LEARN for finding in self.findings)
+        if self.stopped_before_start:
+            # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
+            # blow up into full-size steps: stop before the first update instead.
+            self.total = 0
+        self.what = f"optimizing the heatmap ({self.total} steps)"
+
+    def diagnose(self) -> list:
+        objective = HeatmapObjective(self.target.heatmap, self.explainer, self.cfg.loss.name, self.cfg.loss.delta, self.cfg.loss.normalize)
+        return diagnose(self.student, self.target.image, self.target.label, objective, self.cfg.trainer.precision)
+
+    def begin(self, summaries: Summaries) -> None:
+        summaries.text("config", "```\n" + OmegaConf.to_yaml(self.cfg, resolve=False) + "\n```")
+        summaries.text("target", self.target.source)
+        summaries.text("diagnosis", format_report(self.findings, "before the first update"))
+
+    def calls(self, start: int) -> Iterator[Call]:
+        trainer = self.cfg.trainer
+        for steps, done, log in schedule(self.total, trainer.steps_per_execution, trainer.log_every, start=start):
+            yield Call(steps, done, log, (self.x, self.label, self.target_map))
+
+    def step(self, call: Call) -> dict:
+        return self.compiled(*call.batch, steps=call.steps)
+
+    def log_step(self, done: int) -> int:
+        return done
+
+    def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]:
+        """Similarity and heatmap images at a log step; the last step is logged by :meth:`finish`."""
+        scores = similarity_numpy(result["heatmap"], self.target_map)
+        if call.done < self.total:
+            summaries.scalars(call.done, {"loss": float(result["loss"]), **{f"similarity/{k}": v for k, v in scores.items()}})
+            summaries.heatmaps(call.done, self.target.image, self.target.heatmap, result["heatmap"].numpy())
+        return {"cosine": scores["cosine"]}
+
+    def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
+        """Final metrics, from the final weights; the last step's summaries."""
+        steps = 0 if self.stopped_before_start else (loop.stopped if loop.stopped is not None else self.total)
+        findings = loop.findings if loop.stopped is not None else self.findings
+        self.final_map = self.explainer(self.x, self.label).numpy()
+        final_loss = float(self.loss_fn(tf.constant(self.final_map), self.target_map))
+        scores = similarity_numpy(self.final_map, self.target.heatmap)
+        metrics = {
+            "loss": final_loss,
+            **scores,
+            "objective": 1.0 - scores["cosine"],
+            "steps": steps,
+            **loop.timing(),
+            "reference_accuracy": self.parts.reference_accuracy,
+            "student_accuracy": accuracy(self.student, self.parts.dataset.x_test, self.parts.dataset.y_test),
+            "target": self.target.source,
+            "diagnosis": [finding.as_dict() for finding in findings],
+            "stopped_at_step": 0 if self.stopped_before_start else loop.stopped,
+            "nonfinite_steps": loop.nonfinite_steps,
+        }
+        summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
+        summaries.heatmaps(steps, self.target.image, self.target.heatmap, self.final_map)
+        return metrics
+
+    def write(self, out: str, metrics: dict) -> None:
+        """``metrics.json``, ``student.keras``, ``heatmaps.png`` (input, target, initial, final, difference), ``doctor.json``."""
+        target = self.target.heatmap
+        vmax = float(np.abs(target).max())
+        tiles = [
+            grayscale_rgb(self.target.image[0]),
+            diverging_rgb(target[0], vmax),
+            diverging_rgb(self.initial[0], vmax),
+            diverging_rgb(self.final_map[0], vmax),
+            diverging_rgb(self.final_map[0] - target[0], vmax),
+        ]
+        write_run_files(out, metrics, self.student, panel(tiles))
+        write_json(os.path.join(out, "doctor.json"), metrics["diagnosis"])
+
+    @staticmethod
+    def summary_line(metrics: dict) -> str:
+        return (
+            f"heatinv: cosine {metrics['cosine']:.4f}  ssim {metrics['ssim']:.3f}  pearson {metrics['pearson']:.4f}  "
+            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} steps "
+            f"({metrics['steps_per_second']:.0f}/s); accuracy reference {metrics['reference_accuracy']:.3f}, "
+            f"student {metrics['student_accuracy']:.3f}"
+        )
