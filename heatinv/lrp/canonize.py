@@ -275,6 +275,10 @@ class Pool:
         return self.layer.call(x)
 
     @property
+    def name(self) -> str:
+        return self.layer.name
+
+    @property
     def window(self) -> tuple[int, ...] | None:
         """The pool size when windows tile the input without overlap or padding, else None."""
         size, strides = getattr(self.layer, "pool_size", None), getattr(self.layer, "strides", None)
