@@ -392,3 +392,19 @@ def test_two_inputs_are_refused():
     model = keras.Model([a, b], L.Dense(2)(L.Add()([a, b])))
     with pytest.raises(UnsupportedLayerError, match="2 inputs and 1 outputs"):
         LRP(model)
+
+
+def test_doctor_reads_the_graph_and_finds_dead_units_in_a_branch(rng):
+    from heatinv.doctor import SaliencyObjective, diagnose
+
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((6, 6, 1))
+    x = L.Conv2D(3, 3, padding="same", activation="relu")(inputs)
+    dead = L.Conv2D(3, 3, padding="same", name="dead")
+    y = L.Add()([x, L.ReLU()(dead(x))])
+    model = keras.Model(inputs, L.Dense(4)(L.Flatten()(y)))
+    x = rng.uniform(size=(3, 6, 6, 1)).astype("float32")
+    assert not [f for f in diagnose(model, x, 1, SaliencyObjective()) if f.code == "dead-units"]
+    dead.bias.assign(-100 * np.ones(3))  # the ReLU after it, its only reader, is now always off
+    findings = [f for f in diagnose(model, x, 1, SaliencyObjective()) if f.code == "dead-units"]
+    assert [f.layer for f in findings] == ["dead"]
