@@ -408,3 +408,26 @@ def test_doctor_reads_the_graph_and_finds_dead_units_in_a_branch(rng):
     dead.bias.assign(-100 * np.ones(3))  # the ReLU after it, its only reader, is now always off
     findings = [f for f in diagnose(model, x, 1, SaliencyObjective()) if f.code == "dead-units"]
     assert [f.layer for f in findings] == ["dead"]
+
+
+@pytest.mark.slow
+def test_trainer_runs_a_graph_model_file(composed, tmp_path):
+    """``model=file`` with a residual, concatenating model: the trainer needs nothing else."""
+    import math
+
+    from heatinv.train import run
+
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((28, 28, 1))
+    x = L.Conv2D(4, 3, strides=2, activation="relu")(inputs)
+    y = L.BatchNormalization()(L.Conv2D(4, 3, padding="same")(x))
+    x = L.Concatenate()([L.Add()([x, y]), x])
+    model = keras.Model(inputs, L.Dense(10)(L.GlobalAveragePooling2D()(x)))
+    path = tmp_path / "graph.keras"
+    model.save(path)
+    cfg, out = composed("model=file", f"model.path={path}", "trainer.steps=2", "trainer.log_every=1",
+                        "model.reference_epochs=1")
+    metrics = run(cfg)
+    assert metrics["steps"] == 2 and math.isfinite(metrics["loss"]) and math.isfinite(metrics["cosine"])
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    assert any(isinstance(layer, L.Add) for layer in student.layers)
