@@ -431,3 +431,100 @@ def test_trainer_runs_a_graph_model_file(composed, tmp_path):
     assert metrics["steps"] == 2 and math.isfinite(metrics["loss"]) and math.isfinite(metrics["cosine"])
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
     assert any(isinstance(layer, L.Add) for layer in student.layers)
+
+
+# --- the other layers: each linear map's transpose is its adjoint, and the model is reproduced ---
+
+
+def zoo_2d(bias: bool = True) -> keras.Model:
+    keras.utils.set_random_seed(8)
+    inputs = keras.Input((11, 11, 4))
+    x = L.SeparableConv2D(6, 3, depth_multiplier=2, padding="same", activation="relu", use_bias=bias)(inputs)
+    x = L.Conv2D(6, 3, groups=3, dilation_rate=2, activation="elu", use_bias=bias)(x)
+    x = L.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2, use_bias=bias)(x)
+    x = L.Cropping2D(((1, 0), (0, 1)))(L.ReLU(max_value=4.0)(x))
+    x = L.AveragePooling2D(3, strides=1, padding="same")(x)
+    x = L.MaxPooling2D(2, strides=1)(L.SpatialDropout2D(0.5)(x))
+    x = L.Permute((2, 1, 3))(L.Identity()(x))
+    return keras.Model(inputs, L.Dense(3, use_bias=bias)(L.Flatten()(x)))
+
+
+def zoo_1d(bias: bool = True) -> keras.Model:
+    keras.utils.set_random_seed(9)
+    inputs = keras.Input((12, 3))
+    x = L.ZeroPadding1D((2, 1))(inputs)
+    x = L.DepthwiseConv1D(3, strides=2, depth_multiplier=2, activation="swish", use_bias=bias)(x)
+    x = L.SeparableConv1D(4, 3, dilation_rate=2, padding="same", activation="relu", use_bias=bias)(x)
+    x = L.Conv1D(4, 2, groups=2, activation="gelu", use_bias=bias)(L.Cropping1D((1, 0))(x))
+    x = L.MaxPooling1D(3, strides=2, padding="same")(x)
+    return keras.Model(inputs, L.Dense(3, use_bias=bias)(L.GlobalAveragePooling1D()(x)))
+
+
+ZOO = {"zoo_2d": zoo_2d, "zoo_1d": zoo_1d}
+
+
+def zoo(name: str, bias: bool = True) -> keras.Model:
+    with floatx("float64"):
+        return _finish(ZOO[name](bias), bias, 8)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_linear_transpose_is_the_adjoint_of_its_map(name, rng):
+    """``<W a, s> = <a, W^T s>`` for random ``a`` and ``s``: the transpose the rules use is exact."""
+    from heatinv.lrp.canonize import Linear
+
+    model = zoo(name)
+    steps = canonize(model)
+    fwd = forward(steps, tf.constant(inputs_for(model, rng)))
+    linear = [i for i, step in enumerate(steps) if isinstance(step, Linear)]
+    assert {steps[i].map for i in linear} == {"dense", "conv", "depthwise"}
+    for i in linear:
+        kernel, _ = fwd.params[i]
+        a = tf.constant(rng.normal(size=fwd.inputs[i].shape))
+        z = steps[i].affine(a, kernel, None)
+        s = tf.constant(rng.normal(size=z.shape))
+        np.testing.assert_allclose(float(tf.reduce_sum(z * s)), float(tf.reduce_sum(a * steps[i].transpose(s, kernel, a))),
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_forward_reproduces_the_model(name, rng):
+    model = zoo(name)
+    x = inputs_for(model, rng)
+    np.testing.assert_allclose(forward(canonize(model), tf.constant(x)).outputs, model(x), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_gradients_match_finite_differences(name, rng):
+    model = zoo(name)
+    lrp = LRP(model, "epsilon_gamma_box")
+    x = tf.constant(inputs_for(model, rng))
+    target_map = tf.constant(rng.normal(0, 0.05, x.shape))
+    with tf.GradientTape() as tape:
+        loss = _loss(lrp, x, target_map)
+    grads = tape.gradient(loss, model.trainable_variables)
+    h = 1e-7  # as in test_weight_and_input_gradients_match_finite_differences
+    for variable, grad in zip(model.trainable_variables, grads):
+        assert grad is not None, variable.path
+        flat = variable.numpy().reshape(-1)
+        index = int(rng.integers(flat.size))
+        original, values = flat[index], []
+        for delta in (h, -h):
+            flat[index] = original + delta
+            variable.assign(flat.reshape(variable.shape))
+            values.append(float(_loss(lrp, x, target_map)))
+        flat[index] = original
+        variable.assign(flat.reshape(variable.shape))
+        assert grad.numpy().reshape(-1)[index] == pytest.approx((values[0] - values[1]) / (2 * h), rel=1e-5, abs=1e-6), (
+            variable.path
+        )
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_conserves_without_biases(name, rng):
+    """LRP-0, the norm rule of average pooling and max pooling's routing conserve relevance."""
+    model = zoo(name, bias=False)
+    x = tf.constant(inputs_for(model, rng, high=1000.0))  # see test_conservation_without_biases
+    explanation = LRP(model, "zero").explain(x, [0, 2])
+    axes = list(range(1, x.shape.rank))
+    np.testing.assert_allclose(tf.reduce_sum(explanation.relevance, axis=axes).numpy(), explanation.start.numpy(), rtol=1e-5)

@@ -228,7 +228,7 @@ class Linear:
         one_d = x.shape.rank == 3  # a 1D depthwise convolution is a 2D one of height 1
         if one_d:
             x, kernel = x[:, None], kernel[None]
-        strides, rates = _pair(layer.strides, one_d), _pair(layer.dilation_rate, one_d)
+        strides, rates = _pair(layer.strides, one_d), _rates(layer.dilation_rate, one_d)
         z = tf.nn.depthwise_conv2d(
             x, dilate_kernel(kernel, rates), strides=[1, *strides, 1], padding=layer.padding.upper()
         )
@@ -239,7 +239,7 @@ class Linear:
         one_d = like.shape.rank == 3
         if one_d:
             s, kernel, like = s[:, None], kernel[None], like[:, None]
-        strides, rates = _pair(layer.strides, one_d), _pair(layer.dilation_rate, one_d)
+        strides, rates = _pair(layer.strides, one_d), _rates(layer.dilation_rate, one_d)
         r = tf.nn.depthwise_conv2d_backprop_input(
             tf.shape(like),
             dilate_kernel(kernel, rates),
@@ -251,8 +251,18 @@ class Linear:
 
 
 def _pair(values, one_d: bool) -> tuple[int, int]:
+    """2D strides or rates; a 1D map becomes a 2D one of height 1.
+
+    TensorFlow's depthwise kernel needs equal strides, so a 1D stride is used along the
+    height of 1 too, where it changes nothing.
+    """
     values = tuple(values)
-    return (1, *values) if one_d else values
+    return values if not one_d else (values[0], values[0])
+
+
+def _rates(values, one_d: bool) -> tuple[int, int]:
+    values = tuple(values)
+    return (1, values[0]) if one_d else values
 
 
 def _split_channels(x: tf.Tensor, groups: int) -> list[tf.Tensor]:
