@@ -60,12 +60,16 @@ def built():
         if name not in cache:
             factory, size = APPLICATIONS[name]
             keras.utils.set_random_seed(0)
-            floatx = keras.config.floatx()
+            # Keras caches its global dtype policy on first use: set both, restore both
+            floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
             keras.config.set_floatx("float64")
+            keras.config.set_dtype_policy("float64")
             try:
                 model = factory(weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None)
             finally:
                 keras.config.set_floatx(floatx)
+                keras.config.set_dtype_policy(policy)
+            assert model.dtype == "float64"
             x = np.random.default_rng(0).uniform(size=(2, size, size, 3))
             norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
             for layer in norms:

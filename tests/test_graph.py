@@ -24,12 +24,16 @@ L = keras.layers
 
 @contextlib.contextmanager
 def floatx(dtype: str):
-    previous = keras.config.floatx()
+    """Layers built inside get ``dtype``: Keras caches its global dtype policy on first use,
+    so setting floatx alone is not enough once any model has been built in the process."""
+    previous_floatx, previous_policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
     try:
         yield
     finally:
-        keras.config.set_floatx(previous)
+        keras.config.set_floatx(previous_floatx)
+        keras.config.set_dtype_policy(previous_policy)
 
 
 def _finish(model: keras.Model, bias: bool, seed: int) -> keras.Model:
