@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from heatinv.layers import SoftplusBeta
-from heatinv.lrp.graph import MODEL_INPUT, Call, layer_graph
+from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
 
 SUPPORTED = (
     "Dense, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
@@ -100,10 +100,6 @@ _OP_MERGE = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply"}
 _OP_WITH_CONSTANT = ("Add", "Subtract", "Multiply", "Divide", "TrueDivide")
 """Keras ops that act elementwise when one operand is a constant."""
 _GATES = (keras.activations.sigmoid, keras.activations.hard_sigmoid)
-
-
-class UnsupportedLayerError(TypeError):
-    """A layer heatinv's LRP engine has no rule for."""
 
 
 @dataclass

@@ -16,6 +16,10 @@ MODEL_INPUT = -1
 """The source index that stands for the model's input tensor."""
 
 
+class UnsupportedLayerError(TypeError):
+    """A layer or model structure heatinv's LRP engine has no rule for."""
+
+
 @dataclass
 class Call:
     """One call of a layer or op in the model's graph.
@@ -57,14 +61,12 @@ def layer_graph(model: keras.Model) -> list[Call]:
     >>> [(call.name, call.sources) for call in layer_graph(model)][-1][1]
     (0, 0)
     """
-    from heatinv.lrp.canonize import UnsupportedLayerError
-
     if not isinstance(model, keras.Model):
         raise TypeError(f"Expected a Keras model, got {type(model).__name__}.")
     if not model.built:
         raise ValueError(f"Model {model.name!r} is not built; call it on a batch or give it an Input first.")
     calls: list[Call] = []
-    output = _expand(model, MODEL_INPUT, calls, UnsupportedLayerError)
+    output = _expand(model, MODEL_INPUT, calls)
     if output != len(calls) - 1:
         raise UnsupportedLayerError(
             f"Model {model.name!r} returns a tensor that is not computed by its last layer call; "
@@ -73,23 +75,23 @@ def layer_graph(model: keras.Model) -> list[Call]:
     return calls
 
 
-def _expand(model: keras.Model, source: int, calls: list[Call], error: type) -> int:
+def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
     """Append ``model``'s calls, fed by call ``source``; return the index of its output call."""
     if isinstance(model, keras.Sequential):
         for layer in model.layers:
             if isinstance(layer, keras.Model):
-                source = _expand(layer, source, calls, error)
+                source = _expand(layer, source, calls)
             elif not isinstance(layer, keras.layers.InputLayer):
                 calls.append(Call(layer, (source,)))
                 source = len(calls) - 1
         return source
     if not (hasattr(model, "_nodes_by_depth") and getattr(model, "inputs", None)):
-        raise error(
+        raise UnsupportedLayerError(
             f"Model {model.name!r} is a subclassed keras.Model: heatinv needs the layer graph. "
             "Rebuild it as keras.Sequential or with the functional API."
         )
     if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise error(
+        raise UnsupportedLayerError(
             f"Model {model.name!r} has {len(model.inputs)} inputs and {len(model.outputs)} outputs; "
             "heatinv explains models with one input and one output."
         )
@@ -101,14 +103,14 @@ def _expand(model: keras.Model, source: int, calls: list[Call], error: type) -> 
             sources = tuple(produced[id(tensor)] for tensor in node.input_tensors)
             operation = node.operation
             if len(node.outputs) != 1:
-                raise error(
+                raise UnsupportedLayerError(
                     f"{type(operation).__name__} {operation.name!r} in model {model.name!r} has "
                     f"{len(node.outputs)} outputs; heatinv explains layers and ops with one output."
                 )
             if isinstance(operation, keras.Model):
                 if len(sources) != 1:
-                    raise error(f"Nested model {operation.name!r} takes {len(sources)} inputs; heatinv needs one.")
-                index = _expand(operation, sources[0], calls, error)
+                    raise UnsupportedLayerError(f"Nested model {operation.name!r} takes {len(sources)} inputs; heatinv needs one.")
+                index = _expand(operation, sources[0], calls)
             else:
                 calls.append(Call(operation, sources, node.arguments))
                 index = len(calls) - 1
