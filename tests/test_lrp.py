@@ -273,23 +273,6 @@ def test_unsupported_layer_names_layer_class_and_supported_list():
         relevance(model, np.ones((1, 6), "float32"), 0)
 
 
-def test_branching_model_is_refused():
-    inputs = keras.Input((4,))
-    a = keras.layers.Dense(3, name="left")(inputs)
-    b = keras.layers.Dense(3, name="right")(inputs)
-    model = keras.Model(inputs, keras.layers.Add()([a, b]))
-    with pytest.raises(UnsupportedLayerError, match="single chain"):
-        relevance(model, np.ones((1, 4), "float32"), 0)
-
-
-def test_batch_norm_after_an_activation_is_refused():
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(3, activation="relu", name="d"), keras.layers.BatchNormalization(), keras.layers.Dense(2)]
-    )
-    with pytest.raises(UnsupportedLayerError, match="follows layer 'd'"):
-        relevance(model, np.ones((1, 4), "float32"), 0)
-
-
 def test_bad_inputs_get_clear_errors():
     model = dense_model()
     with pytest.raises(TypeError, match="floating input"):

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import zennit_models as twins
-from heatinv.lrp import UnsupportedLayerError, relevance
+from heatinv.lrp import relevance
 
 pytestmark = pytest.mark.skipif(twins.CROSSCHECK_MISSING is not None, reason=str(twins.CROSSCHECK_MISSING))
 
@@ -212,11 +212,6 @@ def test_zennit_side_of_the_graph_twin(name):
     checked_zennit_relevance(twin, inputs_for(twin), "epsilon_gamma_box")
 
 
-@pytest.mark.xfail(
-    raises=UnsupportedLayerError,
-    strict=True,
-    reason="the graph engine (issue #12) is not merged yet: drop this mark when it lands",
-)
 @pytest.mark.parametrize("composite", ISSUE_COMPOSITES)
 @pytest.mark.parametrize("name", list(twins.GRAPHS))
 def test_graph_heatmap_equals_zennit(name, composite):

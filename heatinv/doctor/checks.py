@@ -28,11 +28,12 @@ def _relu_like(fn) -> bool:
 
 
 def _followed_by_relu(steps, i: int) -> bool:
-    """Whether step ``i`` (a Linear) ends in a ReLU: its own activation or the next layer's."""
-    if _relu_like(steps[i].layer.activation):
+    """Whether step ``i`` (a Linear) ends in a ReLU: its own activation or its only reader's."""
+    if _relu_like(steps[i].activation):
         return True
-    if i + 1 < len(steps) and isinstance(steps[i + 1], Elementwise):
-        layer = steps[i + 1].layer
+    readers = [step for step in steps if i in step.sources]
+    if len(readers) == 1 and isinstance(readers[0], Elementwise):
+        layer = readers[0].layer
         if isinstance(layer, keras.layers.ReLU):
             return layer.negative_slope == 0
         return isinstance(layer, keras.layers.Activation) and _relu_like(layer.activation)

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from heatinv.lrp.canonize import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
 from heatinv.lrp.composites import COMPOSITES, Composite, resolve
-from heatinv.lrp.propagate import OUTPUTS, backward, forward, last_linear
+from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step
 from heatinv.lrp.rules import RULES, make_rule, stabilize
 
 __all__ = [
@@ -66,7 +66,8 @@ class LRP:
     """An LRP explainer bound to a model and a composite; build once, call in a step.
 
     Args:
-        model: a built Keras 3 model, Sequential or functional, a single chain of layers.
+        model: a built Keras 3 model, Sequential or functional (one input, one output; see
+            :data:`SUPPORTED` for the layers).
         composite: a name from :data:`COMPOSITES` or a mapping ``{"first", "dense", "conv"}``
             of rule names (or ``{"name": rule, **params}``).
         low, high: the input range, for the ``zbox`` rule.
@@ -100,7 +101,7 @@ class LRP:
         self.model = model
         self.output = output
         self.steps = canonize(model)
-        self.top = last_linear(self.steps)
+        self.top = logit_step(self.steps)
         self.composite = resolve(composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta)
 
     def __call__(self, x, target) -> tf.Tensor:
@@ -116,7 +117,11 @@ class LRP:
             entering, start = fwd.logits * mask, self.top
         else:
             entering, start = fwd.outputs * mask, len(self.steps) - 1
-        R = backward(self.steps, fwd, entering, self.composite, start)
+        bounds = None
+        if self.composite.first is not None and self.composite.first.name == "zbox":
+            first = self.composite.first.keywords
+            bounds = carry_bounds(self.steps, x, first.get("low", 0.0), first.get("high", 1.0))
+        R = backward(self.steps, fwd, entering, self.composite, start, bounds)
         return Explanation(R, fwd.logits, fwd.outputs, tf.reduce_sum(entering, axis=-1))
 
 
@@ -137,7 +142,7 @@ def relevance(
     """The LRP heatmap of ``model`` for class ``target`` at ``x``; differentiable.
 
     Args:
-        model: a built Keras 3 model (a single chain of supported layers).
+        model: a built Keras 3 model (a graph of supported layers, one input, one output).
         x: ``[batch, *input_shape]`` floating input.
         target: an int, an int tensor ``[batch]`` or a one-hot ``[batch, classes]``.
         composite, low, high, epsilon, gamma, alpha, beta, output: see :class:`LRP`.

@@ -1,14 +1,24 @@
-"""Turn a Keras model into the chain of steps LRP walks, with BatchNorm folded in.
+"""Turn a Keras model into the graph of steps LRP walks, with BatchNorm folded in.
 
-A step is one of four kinds:
+:func:`canonize` reads the model's calls (:func:`heatinv.lrp.graph.layer_graph`) and gives
+each one a step; every step names its ``sources``, the steps whose outputs it reads
+(:data:`~heatinv.lrp.graph.MODEL_INPUT` for the model input). The kinds:
 
-- :class:`Linear`: a Dense or Conv layer (kernel, bias, and its own activation), with the
-  BatchNormalization that directly follows it folded into its kernel and bias;
+- :class:`Linear`: a Dense, Conv, DepthwiseConv or half of a SeparableConv (its depthwise
+  and its pointwise map are two steps), with its own activation and the BatchNormalization
+  that alone reads its output folded into its kernel and bias;
 - :class:`Pool`: average pooling (the ``norm`` rule) or max pooling (winner takes all);
-- :class:`Elementwise`: an activation; relevance passes through it unchanged;
-- :class:`Reshape`: Flatten or Reshape; relevance is reshaped back.
+- :class:`Elementwise`: an activation, or a Keras op between a tensor and a constant
+  (``x + 3``); relevance passes it unchanged;
+- :class:`Affine`: a per-channel affine map without a rule of its own (BatchNormalization
+  that cannot be folded, Rescaling, Normalization); relevance passes it unchanged;
+- :class:`Reshape`: Flatten or Reshape; relevance is reshaped back;
+- :class:`Rearrange`: padding, cropping or a permutation; relevance moves back with the
+  entries it belongs to (the map's adjoint);
+- :class:`Merge`: Add, Average, Subtract, Concatenate, Multiply.
 
-Dropout and InputLayer vanish: LRP explains the model in inference mode.
+Dropout, SpatialDropout, Identity and InputLayer vanish: LRP explains the model in
+inference mode.
 
 The folded kernel and bias are computed from the live Keras variables each time
 :meth:`Linear.params` is called, inside the caller's tape or trace, so gradients reach the
@@ -19,21 +29,29 @@ variable: there is nothing to undo, and an optimizer never updates a stale copy.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Union
 
 import keras
 import tensorflow as tf
 
 from heatinv.layers import SoftplusBeta
+from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
 
 SUPPORTED = (
-    "Dense, Conv1D, Conv2D, MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, "
-    "GlobalMaxPooling1D/2D, Flatten, Reshape, Dropout, InputLayer, Activation, ReLU, LeakyReLU, "
-    "Softmax, heatinv.layers.SoftplusBeta, and BatchNormalization directly after a Dense/Conv layer without activation"
+    "Dense, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
+    "MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, GlobalMaxPooling1D/2D, "
+    "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, Add, Average, Subtract, "
+    "Concatenate, Multiply, Dropout, SpatialDropout1D/2D, Identity, InputLayer, Activation (any "
+    "activation), ReLU, LeakyReLU, ELU, Softmax, heatinv.layers.SoftplusBeta, BatchNormalization "
+    "(over the last axis), Rescaling, Normalization, and Keras ops between one tensor and a "
+    "constant (+, -, *, /) or between two tensors (+, -, *)"
 )
 
+_DENSE = (keras.layers.Dense,)
 _CONV = (keras.layers.Conv1D, keras.layers.Conv2D)
+_DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+_SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
 _AVERAGE = (
     keras.layers.AveragePooling1D,
     keras.layers.AveragePooling2D,
@@ -46,32 +64,82 @@ _MAX = (
     keras.layers.GlobalMaxPooling1D,
     keras.layers.GlobalMaxPooling2D,
 )
-_ELEMENTWISE = (keras.layers.Activation, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.Softmax, SoftplusBeta)
-_VANISH = (keras.layers.Dropout, keras.layers.InputLayer)
+_ELEMENTWISE = (
+    keras.layers.Activation,
+    keras.layers.ReLU,
+    keras.layers.LeakyReLU,
+    keras.layers.ELU,
+    keras.layers.Softmax,
+    SoftplusBeta,
+)
+_VANISH = (
+    keras.layers.Dropout,
+    keras.layers.SpatialDropout1D,
+    keras.layers.SpatialDropout2D,
+    keras.layers.Identity,
+    keras.layers.InputLayer,
+)
 _RESHAPE = (keras.layers.Flatten, keras.layers.Reshape)
-
-
-class UnsupportedLayerError(TypeError):
-    """A layer heatinv's LRP engine has no rule for."""
+_REARRANGE = (
+    keras.layers.ZeroPadding1D,
+    keras.layers.ZeroPadding2D,
+    keras.layers.Cropping1D,
+    keras.layers.Cropping2D,
+    keras.layers.Permute,
+)
+_AFFINE = (keras.layers.BatchNormalization, keras.layers.Rescaling, keras.layers.Normalization)
+_MERGE = {
+    keras.layers.Add: "add",
+    keras.layers.Average: "average",
+    keras.layers.Subtract: "subtract",
+    keras.layers.Concatenate: "concatenate",
+    keras.layers.Multiply: "multiply",
+}
+_OP_MERGE = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply"}
+"""Keras ops (``keras.ops.add`` ...) that act as a merge when both operands are tensors."""
+_OP_WITH_CONSTANT = ("Add", "Subtract", "Multiply", "Divide", "TrueDivide")
+"""Keras ops that act elementwise when one operand is a constant."""
+_GATES = (keras.activations.sigmoid, keras.activations.hard_sigmoid)
 
 
 @dataclass
 class Linear:
-    """A Dense or Conv layer, optionally with a folded BatchNormalization."""
+    """A Dense, Conv or DepthwiseConv layer (or one half of a SeparableConv), BatchNorm folded.
+
+    Attributes:
+        layer: the Keras layer.
+        batch_norm: the BatchNormalization folded into it, or None.
+        sources: the step feeding it.
+        part: ``"whole"``, or ``"depthwise"`` / ``"pointwise"`` for a SeparableConv's halves.
+    """
 
     layer: keras.layers.Layer
     batch_norm: keras.layers.BatchNormalization | None = None
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+    part: str = "whole"
 
     @property
     def kind(self) -> str:
-        return "conv" if isinstance(self.layer, _CONV) else "dense"
+        """``"dense"`` or ``"conv"``: which of the composite's rules it gets."""
+        return "dense" if isinstance(self.layer, _DENSE) else "conv"
+
+    @property
+    def map(self) -> str:
+        """The linear map: ``"dense"``, ``"conv"`` (grouped or not) or ``"depthwise"``."""
+        if isinstance(self.layer, _DENSE):
+            return "dense"
+        if isinstance(self.layer, _DEPTHWISE) or self.part == "depthwise":
+            return "depthwise"
+        return "conv"
 
     @property
     def name(self) -> str:
-        return self.layer.name
+        return self.layer.name if self.part == "whole" else f"{self.layer.name}/{self.part}"
 
     @property
     def activation(self) -> Callable[[tf.Tensor], tf.Tensor] | None:
+        if self.part == "depthwise":
+            return None
         fn = self.layer.activation
         if fn is keras.activations.leaky_relu:
             return functools.partial(leaky_relu, slope=0.2)  # keras.activations.leaky_relu's default
@@ -79,28 +147,40 @@ class Linear:
 
     def params(self, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
         """The (kernel, bias) the step computes with: live variables, BatchNorm folded, in ``dtype``."""
-        kernel = tf.cast(self.layer.kernel, dtype)
-        if self.layer.use_bias:
-            bias = tf.cast(self.layer.bias, dtype)
+        layer = self.layer
+        if self.part == "depthwise":
+            kernel = tf.cast(layer.depthwise_kernel, dtype)
+        elif self.part == "pointwise":
+            kernel = tf.cast(layer.pointwise_kernel, dtype)
         else:
-            bias = tf.zeros([kernel.shape[-1]], dtype)
+            kernel = tf.cast(layer.kernel, dtype)
+        outputs = kernel.shape[-2] * kernel.shape[-1] if self.map == "depthwise" else kernel.shape[-1]
+        if layer.use_bias and self.part != "depthwise":
+            bias = tf.cast(layer.bias, dtype)
+        else:
+            bias = tf.zeros([outputs], dtype)
         if self.batch_norm is None:
             return kernel, bias
+        if self.map == "depthwise":
+            # output channel c * multiplier + j comes from kernel[..., c, j]
+            flat = tf.reshape(kernel, kernel.shape[:-2].as_list() + [outputs])
+            flat, bias = fold_batch_norm(flat, bias, self.batch_norm)
+            return tf.reshape(flat, kernel.shape), bias
         return fold_batch_norm(kernel, bias, self.batch_norm)
 
     def affine(self, x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor | None) -> tf.Tensor:
         """The layer's linear map with the given kernel and bias (no activation)."""
-        if self.kind == "dense":
+        if self.map == "dense":
             # matmul for the usual rank-2 input: tensordot's gradient copies the kernel into a transpose
             z = tf.matmul(x, kernel) if x.shape.rank == 2 else tf.tensordot(x, kernel, axes=[[x.shape.rank - 1], [0]])
+        elif self.map == "depthwise":
+            z = self._depthwise(x, kernel)
+        elif self.part == "pointwise":
+            z = tf.nn.convolution(x, kernel, padding="VALID")
         else:
-            z = tf.nn.convolution(
-                x,
-                kernel,
-                strides=list(self.layer.strides),
-                padding=self.layer.padding.upper(),
-                dilations=list(self.layer.dilation_rate),
-            )
+            groups = getattr(self.layer, "groups", 1)
+            pieces = zip(_split_channels(x, groups), tf.split(kernel, groups, axis=-1))
+            z = _concat_channels([self._convolve(piece, k) for piece, k in pieces])
         return z if bias is None else z + bias
 
     def transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
@@ -109,10 +189,27 @@ class Linear:
         Written as an explicit transposed product/convolution rather than a nested tape:
         eager TensorFlow cannot differentiate the gradient of a convolution a second time.
         """
-        if self.kind == "dense":
+        if self.map == "dense":
             if s.shape.rank == 2:
                 return tf.matmul(s, kernel, transpose_b=True)
             return tf.tensordot(s, kernel, axes=[[s.shape.rank - 1], [1]])
+        if self.map == "depthwise":
+            return self._depthwise_transpose(s, kernel, like)
+        if self.part == "pointwise":
+            return tf.nn.conv_transpose(s, kernel, output_shape=tf.shape(like), strides=1, padding="VALID")
+        groups = getattr(self.layer, "groups", 1)
+        pieces = zip(
+            _split_channels(s, groups), tf.split(kernel, groups, axis=-1), _split_channels(like, groups)
+        )
+        return _concat_channels([self._convolve_transpose(piece, k, part) for piece, k, part in pieces])
+
+    def _convolve(self, x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
+        layer = self.layer
+        return tf.nn.convolution(
+            x, kernel, strides=list(layer.strides), padding=layer.padding.upper(), dilations=list(layer.dilation_rate)
+        )
+
+    def _convolve_transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
         # TensorFlow's float64 CPU kernel refuses dilation > 1, so dilate the kernel instead.
         return tf.nn.conv_transpose(
             s,
@@ -122,6 +219,55 @@ class Linear:
             padding=self.layer.padding.upper(),
         )
 
+    def _depthwise(self, x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
+        layer = self.layer
+        one_d = x.shape.rank == 3  # a 1D depthwise convolution is a 2D one of height 1
+        if one_d:
+            x, kernel = x[:, None], kernel[None]
+        strides, rates = _pair(layer.strides, one_d), _rates(layer.dilation_rate, one_d)
+        z = tf.nn.depthwise_conv2d(
+            x, dilate_kernel(kernel, rates), strides=[1, *strides, 1], padding=layer.padding.upper()
+        )
+        return z[:, 0] if one_d else z
+
+    def _depthwise_transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+        layer = self.layer
+        one_d = like.shape.rank == 3
+        if one_d:
+            s, kernel, like = s[:, None], kernel[None], like[:, None]
+        strides, rates = _pair(layer.strides, one_d), _rates(layer.dilation_rate, one_d)
+        r = tf.nn.depthwise_conv2d_backprop_input(
+            tf.shape(like),
+            dilate_kernel(kernel, rates),
+            s,
+            strides=[1, *strides, 1],
+            padding=layer.padding.upper(),
+        )
+        return r[:, 0] if one_d else r
+
+
+def _pair(values, one_d: bool) -> tuple[int, int]:
+    """2D strides or rates; a 1D map becomes a 2D one of height 1.
+
+    TensorFlow's depthwise kernel needs equal strides, so a 1D stride is used along the
+    height of 1 too, where it changes nothing.
+    """
+    values = tuple(values)
+    return values if not one_d else (values[0], values[0])
+
+
+def _rates(values, one_d: bool) -> tuple[int, int]:
+    values = tuple(values)
+    return (1, values[0]) if one_d else values
+
+
+def _split_channels(x: tf.Tensor, groups: int) -> list[tf.Tensor]:
+    return [x] if groups == 1 else tf.split(x, groups, axis=-1)
+
+
+def _concat_channels(pieces: list[tf.Tensor]) -> tf.Tensor:
+    return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=-1)
+
 
 @dataclass
 class Pool:
@@ -129,9 +275,14 @@ class Pool:
 
     layer: keras.layers.Layer
     kind: str
+    sources: tuple[int, ...] = (MODEL_INPUT,)
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         return self.layer.call(x)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
 
     @property
     def window(self) -> tuple[int, ...] | None:
@@ -147,13 +298,60 @@ class Pool:
 
 @dataclass
 class Elementwise:
-    """An activation layer; relevance passes it unchanged."""
+    """An activation layer, or a Keras op with a constant; relevance passes it unchanged.
 
-    layer: keras.layers.Layer
+    Attributes:
+        layer: the Keras layer or op.
+        sources: the step feeding it.
+        arguments: for a Keras op, the recorded arguments holding its constant operand.
+    """
+
+    layer: keras.Operation
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+    arguments: object | None = None
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        if self.arguments is not None:
+            args, kwargs = self.arguments.fill_in({id(self.arguments.keras_tensors[0]): x})
+            return self.layer(*args, **kwargs)
         slope = _leaky_slope(self.layer)
         return self.layer.call(x) if slope is None else leaky_relu(x, slope)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class Affine:
+    """BatchNormalization that cannot be folded, Rescaling or Normalization: ``x * scale + shift``.
+
+    Relevance passes it unchanged, as Zennit passes a BatchNorm it cannot merge; computed
+    in the input's dtype from the live variables (BatchNorm in inference mode).
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        layer, dtype = self.layer, x.dtype
+        if isinstance(layer, keras.layers.BatchNormalization):
+            scale = tf.math.rsqrt(
+                tf.cast(layer.moving_variance, dtype) + tf.convert_to_tensor(layer.epsilon, dtype=dtype)
+            )
+            if layer.scale:
+                scale = scale * tf.cast(layer.gamma, dtype)
+            y = (x - tf.cast(layer.moving_mean, dtype)) * scale
+            return y + tf.cast(layer.beta, dtype) if layer.center else y
+        if isinstance(layer, keras.layers.Rescaling):
+            return x * tf.cast(layer.scale, dtype) + tf.cast(layer.offset, dtype)
+        spread = tf.maximum(tf.sqrt(tf.cast(layer.variance, dtype)), tf.cast(keras.config.epsilon(), dtype))
+        mean = tf.cast(layer.mean, dtype)
+        return mean + x * spread if layer.invert else (x - mean) / spread
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
 
 
 def leaky_relu(x: tf.Tensor, slope: float) -> tf.Tensor:
@@ -187,12 +385,72 @@ class Reshape:
     """Flatten or Reshape; relevance is reshaped back to the input's shape."""
 
     layer: keras.layers.Layer
+    sources: tuple[int, ...] = (MODEL_INPUT,)
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         return self.layer.call(x)
 
+    @property
+    def name(self) -> str:
+        return self.layer.name
 
-Step = Union[Linear, Pool, Elementwise, Reshape]
+
+@dataclass
+class Rearrange:
+    """ZeroPadding, Cropping or Permute: entries move (or padding zeros appear); no weights.
+
+    Relevance follows its entry back through the map's adjoint (cropping undoes padding,
+    padding undoes cropping, the inverse permutation undoes a permutation).
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        return self.layer.call(x)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class Merge:
+    """A layer or op that combines several tensors: Add, Average, Subtract, Concatenate, Multiply.
+
+    Attributes:
+        layer: the Keras layer or op.
+        kind: ``"add"``, ``"average"``, ``"subtract"``, ``"concatenate"`` or ``"multiply"``.
+        sources: the steps feeding it, in operand order.
+        gates: for ``multiply``, which operands are gates (computed by a sigmoid or
+            hard-sigmoid); empty for the other kinds.
+        arguments: for a Keras op, its recorded arguments.
+    """
+
+    layer: keras.Operation
+    kind: str
+    sources: tuple[int, ...]
+    gates: tuple[bool, ...] = ()
+    arguments: object | None = field(default=None, repr=False)
+
+    def __call__(self, *operands: tf.Tensor) -> tf.Tensor:
+        if self.arguments is not None:
+            tensors = self.arguments.keras_tensors
+            args, kwargs = self.arguments.fill_in({id(t): value for t, value in zip(tensors, operands)})
+            return self.layer(*args, **kwargs)
+        return self.layer.call(list(operands))
+
+    @property
+    def axis(self) -> int:
+        """The concatenation axis."""
+        return self.layer.axis
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge]
 
 
 def dilate_kernel(kernel: tf.Tensor, rates: tuple[int, ...]) -> tf.Tensor:
@@ -239,111 +497,142 @@ def fold_batch_norm(
     return kernel * scale, shift
 
 
-def layer_chain(model: keras.Model) -> list[keras.layers.Layer]:
-    """The model's layers in forward order, nested models expanded; a single chain is required."""
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"Expected a Keras model, got {type(model).__name__}.")
-    if not model.built:
-        raise ValueError(
-            f"Model {model.name!r} is not built; call it on a batch or give it an Input first."
-        )
-    if isinstance(model, keras.Sequential):
-        layers = list(model.layers)
-    elif isinstance(model, keras.Model) and hasattr(model, "_operations") and hasattr(model, "inputs"):
-        layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-        _check_single_chain(model, layers)
-    else:
-        raise UnsupportedLayerError(
-            f"Model {model.name!r} is a subclassed keras.Model: heatinv needs the layer graph. "
-            "Rebuild it as keras.Sequential or with the functional API."
-        )
-    chain = []
-    for layer in layers:
-        chain.extend(layer_chain(layer) if isinstance(layer, keras.Model) else [layer])
-    return chain
-
-
-def _check_single_chain(model: keras.Model, layers: list[keras.layers.Layer]) -> None:
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise UnsupportedLayerError(
-            f"Model {model.name!r} has {len(model.inputs)} inputs and {len(model.outputs)} outputs; "
-            "heatinv explains models with one input and one output."
-        )
-    previous = model.inputs[0]
-    for layer in layers:
-        inputs = layer.input
-        if isinstance(inputs, (list, tuple)) or inputs is not previous:
-            raise UnsupportedLayerError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) of model {model.name!r} does not take "
-                "the previous layer's output: heatinv explains a single chain of layers "
-                "(no branches, skips or shared layers)."
-            )
-        previous = layer.output
-
-
 def canonize(model: keras.Model) -> list[Step]:
-    """The model as a list of LRP steps (BatchNorm folded, Dropout/InputLayer dropped).
+    """The model as LRP steps in topological order; the last step computes the output.
+
+    BatchNorm is folded into the Dense/Conv step before it when it alone reads that step's
+    output and the step has no activation; Dropout, Identity and InputLayer are dropped.
 
     Example:
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu")])
     >>> [type(step).__name__ for step in canonize(model)]
     ['Linear']
     """
+    calls = layer_graph(model)
+    readers = [0] * len(calls)
+    for call in calls:
+        for source in call.sources:
+            if source != MODEL_INPUT:
+                readers[source] += 1
     steps: list[Step] = []
-    for layer in layer_chain(model):
-        if isinstance(layer, (keras.layers.Dense, *_CONV)):
-            _check_linear(layer)
-            steps.append(Linear(layer))
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            steps[-1:] = [_fold_into(steps[-1] if steps else None, layer)]
-        elif isinstance(layer, _AVERAGE):
-            steps.append(Pool(layer, "average"))
-        elif isinstance(layer, _MAX):
-            steps.append(Pool(layer, "max"))
-        elif isinstance(layer, _ELEMENTWISE):
-            steps.append(Elementwise(layer))
-        elif isinstance(layer, _RESHAPE):
-            steps.append(Reshape(layer))
-        elif isinstance(layer, _VANISH):
+    step_of = {MODEL_INPUT: MODEL_INPUT}  # call index -> index of the step computing its output
+    for index, call in enumerate(calls):
+        layer = call.operation
+        sources = tuple(step_of[source] for source in call.sources)
+        single = call.sources[0] if len(call.sources) == 1 else None
+        if isinstance(layer, _VANISH):
+            step_of[index] = sources[0]
             continue
+        if isinstance(layer, keras.layers.BatchNormalization):
+            _check_channel_axis(layer)
+            if single is not None and single != MODEL_INPUT and readers[single] == 1 and _foldable(steps[sources[0]]):
+                target = steps[sources[0]]
+                steps[sources[0]] = Linear(target.layer, layer, target.sources, target.part)
+                step_of[index] = sources[0]
+                continue
+            steps.append(Affine(layer, sources))
+        elif isinstance(layer, (*_DENSE, *_CONV, *_DEPTHWISE)):
+            _check_linear(layer)
+            steps.append(Linear(layer, sources=sources))
+        elif isinstance(layer, _SEPARABLE):
+            _check_linear(layer)
+            steps.append(Linear(layer, sources=sources, part="depthwise"))
+            steps.append(Linear(layer, sources=(len(steps) - 1,), part="pointwise"))
+        elif isinstance(layer, _AVERAGE):
+            steps.append(Pool(layer, "average", sources))
+        elif isinstance(layer, _MAX):
+            steps.append(Pool(layer, "max", sources))
+        elif isinstance(layer, _ELEMENTWISE):
+            steps.append(Elementwise(layer, sources))
+        elif isinstance(layer, _AFFINE):
+            steps.append(Affine(layer, sources))
+        elif isinstance(layer, _RESHAPE):
+            steps.append(Reshape(layer, sources))
+        elif isinstance(layer, _REARRANGE):
+            steps.append(Rearrange(layer, sources))
+        elif type(layer) in _MERGE:
+            kind = _MERGE[type(layer)]
+            steps.append(Merge(layer, kind, sources, _gates(steps, sources) if kind == "multiply" else ()))
+        elif not isinstance(layer, keras.layers.Layer) and type(layer).__name__ in _OP_WITH_CONSTANT and len(sources) == 1:
+            steps.append(Elementwise(layer, sources, call.arguments))
+        elif not isinstance(layer, keras.layers.Layer) and type(layer).__name__ in _OP_MERGE and len(sources) == 2:
+            kind = _OP_MERGE[type(layer).__name__]
+            gates = _gates(steps, sources) if kind == "multiply" else ()
+            steps.append(Merge(layer, kind, sources, gates, call.arguments))
         else:
+            what = "layer" if isinstance(layer, keras.layers.Layer) else "Keras op"
             raise UnsupportedLayerError(
-                f"Layer {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv. "
+                f"{what.capitalize()} {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv. "
                 f"Supported layers: {SUPPORTED}."
             )
+        step_of[index] = len(steps) - 1
     if not any(isinstance(step, Linear) for step in steps):
         raise UnsupportedLayerError(f"Model {model.name!r} has no Dense or Conv layer to explain.")
+    if step_of[len(calls) - 1] != len(steps) - 1:
+        # The output call vanished (a trailing Dropout): the output is an earlier step's.
+        raise UnsupportedLayerError(
+            f"Model {model.name!r} ends in a {type(calls[-1].operation).__name__}, which does nothing in "
+            "inference mode; remove it from the end of the model."
+        )
     return steps
 
 
-def _check_linear(layer: keras.layers.Layer) -> None:
-    if isinstance(layer, _CONV):
-        problems = []
-        if layer.data_format != "channels_last":
-            problems.append(f"data_format={layer.data_format!r} (use 'channels_last')")
-        if layer.padding not in ("valid", "same"):
-            problems.append(f"padding={layer.padding!r} (use 'valid' or 'same')")
-        if getattr(layer, "groups", 1) != 1:
-            problems.append(f"groups={layer.groups} (use 1)")
-        if problems:
-            raise UnsupportedLayerError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) uses " + ", ".join(problems) + "."
-            )
+def _foldable(step: Step) -> bool:
+    return isinstance(step, Linear) and step.activation is None and step.batch_norm is None
 
 
-def _fold_into(previous: Step | None, batch_norm: keras.layers.BatchNormalization) -> Linear:
+def _gates(steps: list[Step], sources: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which operands of a product are gates: computed by a sigmoid or a hard-sigmoid."""
+    return tuple(source != MODEL_INPUT and _is_gate(steps, source) for source in sources)
+
+
+def _is_gate(steps: list[Step], index: int) -> bool:
+    step = steps[index]
+    if isinstance(step, Linear):
+        return step.activation in _GATES
+    if not isinstance(step, Elementwise):
+        return False
+    layer = step.layer
+    if isinstance(layer, keras.layers.Activation):
+        return layer.activation in _GATES
+    return _is_hard_sigmoid_from_ops(steps, index)
+
+
+def _is_hard_sigmoid_from_ops(steps: list[Step], index: int) -> bool:
+    """``relu6(x + 3) / 6`` written with Keras ops, as MobileNetV3 writes its hard-sigmoid."""
+    scaled = steps[index]
+    if scaled.arguments is None or type(scaled.layer).__name__ not in ("Multiply", "Divide", "TrueDivide"):
+        return False
+    relu = steps[scaled.sources[0]] if scaled.sources[0] != MODEL_INPUT else None
+    if not (isinstance(relu, Elementwise) and isinstance(relu.layer, keras.layers.ReLU) and relu.layer.max_value == 6):
+        return False
+    shifted = steps[relu.sources[0]] if relu.sources[0] != MODEL_INPUT else None
+    return isinstance(shifted, Elementwise) and shifted.arguments is not None and type(shifted.layer).__name__ == "Add"
+
+
+def _check_channel_axis(batch_norm: keras.layers.BatchNormalization) -> None:
     axis = batch_norm.axis if isinstance(batch_norm.axis, int) else batch_norm.axis[0]
     rank = len(batch_norm.input.shape) if hasattr(batch_norm, "input") else None
     if axis != -1 and rank is not None and axis != rank - 1:
         raise UnsupportedLayerError(
-            f"BatchNormalization {batch_norm.name!r} normalizes axis {axis}; heatinv folds only a "
+            f"BatchNormalization {batch_norm.name!r} normalizes axis {axis}; heatinv handles only a "
             "BatchNormalization over the last (channel) axis."
         )
-    if not isinstance(previous, Linear) or previous.activation is not None or previous.batch_norm:
-        after = "the model's input" if previous is None else f"layer {previous.layer.name!r}"
-        raise UnsupportedLayerError(
-            f"BatchNormalization {batch_norm.name!r} follows {after}; heatinv folds a "
-            "BatchNormalization into the Dense/Conv layer directly before it, which must have no "
-            "activation of its own (put the activation after the BatchNormalization)."
-        )
-    return Linear(previous.layer, batch_norm)
+
+
+def _check_linear(layer: keras.layers.Layer) -> None:
+    if isinstance(layer, _DENSE):
+        return
+    problems = []
+    if layer.data_format != "channels_last":
+        problems.append(f"data_format={layer.data_format!r} (use 'channels_last')")
+    if layer.padding not in ("valid", "same"):
+        problems.append(f"padding={layer.padding!r} (use 'valid' or 'same')")
+    if isinstance(layer, (*_DEPTHWISE, *_SEPARABLE)):
+        strides = tuple(layer.strides)
+        if len(set(strides)) > 1:
+            problems.append(f"strides={strides} (TensorFlow's depthwise convolution needs equal strides)")
+        if max(strides) > 1 and max(layer.dilation_rate) > 1:
+            problems.append("both strides and dilation above 1 (use one of them)")
+    if problems:
+        raise UnsupportedLayerError(f"Layer {layer.name!r} ({type(layer).__name__}) uses " + ", ".join(problems) + ".")

@@ -1,4 +1,7 @@
-"""Walk a canonized chain: a forward pass that keeps each step's input, then relevance back.
+"""Walk the step graph: a forward pass that keeps each step's input, then relevance back.
+
+Relevance flows from the explained output down the steps in reverse topological order;
+where a tensor feeds several steps, the relevance they hand back to it is summed.
 
 Everything here is plain TensorFlow on the live variables, so the relevance is
 differentiable (to any order) with respect to the weights and the input, eagerly, under
@@ -11,9 +14,19 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from heatinv.lrp.canonize import Elementwise, Linear, Pool, Reshape, Step
+from heatinv.lrp.canonize import (
+    Elementwise,
+    Linear,
+    Merge,
+    Pool,
+    Rearrange,
+    Reshape,
+    Step,
+    UnsupportedLayerError,
+)
 from heatinv.lrp.composites import Composite
-from heatinv.lrp.rules import norm, winner_takes_all
+from heatinv.lrp.graph import MODEL_INPUT
+from heatinv.lrp.rules import adjoint, concatenation_rule, norm, product_rule, sum_rule, winner_takes_all
 
 OUTPUTS = ("logit", "activation")
 
@@ -23,46 +36,116 @@ class Forward:
     """What the backward pass needs from the forward pass.
 
     Attributes:
-        inputs: the input of every step, ``inputs[i]`` feeds ``steps[i]``.
+        inputs: the input of every step, ``inputs[i]`` feeds ``steps[i]`` (a list of
+            operands for a Merge step).
         params: (kernel, bias) of every Linear step (BatchNorm folded), else None.
-        logits: pre-activation of the last Linear step, shape ``[batch, classes]``.
+        logits: the explained scores, shape ``[batch, classes]``: the pre-activation of the
+            last Dense/Conv step (or its reshaped output).
         outputs: the model's output (after any final activation).
     """
 
-    inputs: list[tf.Tensor]
+    inputs: list
     params: list[tuple[tf.Tensor, tf.Tensor] | None]
     logits: tf.Tensor
     outputs: tf.Tensor
 
 
 def forward(steps: list[Step], x: tf.Tensor) -> Forward:
-    """Run the chain in inference mode on ``x``, in ``x``'s dtype."""
-    inputs, params = [], []
+    """Run the steps in inference mode on ``x``, in ``x``'s dtype."""
+    top = logit_step(steps)
+    inputs, params, values = [], [], []
     logits = None
-    for step in steps:
-        inputs.append(x)
+    for i, step in enumerate(steps):
+        operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
+        if isinstance(step, Merge):
+            inputs.append(operands)
+            params.append(None)
+            values.append(step(*operands))
+            continue
+        a = operands[0]
+        inputs.append(a)
         if isinstance(step, Linear):
-            kernel, bias = step.params(x.dtype)
+            kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
-            x = logits = step.affine(x, kernel, bias)
-            if step.activation is not None:
-                x = step.activation(x)
+            z = step.affine(a, kernel, bias)
+            if i == top:
+                logits = z
+            values.append(z if step.activation is None else step.activation(z))
         else:
             params.append(None)
-            x = step(x)
-    return Forward(inputs, params, logits, x)
+            values.append(step(a))
+            if i == top:
+                logits = values[-1]
+    return Forward(inputs, params, logits, values[-1])
 
 
-def last_linear(steps: list[Step]) -> int:
-    """Index of the last Linear step; the steps after it must be activations."""
-    index = max(i for i, step in enumerate(steps) if isinstance(step, Linear))
-    for step in steps[index + 1 :]:
-        if not isinstance(step, Elementwise):
-            raise ValueError(
-                f"Layer {step.layer.name!r} ({type(step.layer).__name__}) follows the last Dense/Conv "
-                "layer; heatinv starts relevance at that layer's output, so only activations may follow it."
-            )
-    return index
+def logit_step(steps: list[Step]) -> int:
+    """Index of the step whose output holds the logits: the last Dense/Conv step.
+
+    Only activations may follow it, and a Flatten/Reshape when it has no activation of its
+    own (a 1x1 convolution classifier, as in MobileNet).
+    """
+    index = len(steps) - 1
+    while isinstance(steps[index], Elementwise) and steps[index].sources[0] != MODEL_INPUT:
+        index = steps[index].sources[0]
+    linear = index
+    while isinstance(steps[linear], Reshape) and steps[linear].sources[0] != MODEL_INPUT:
+        linear = steps[linear].sources[0]
+    if isinstance(steps[linear], Linear) and (linear == index or steps[linear].activation is None):
+        return index
+    step = steps[index]
+    raise ValueError(
+        f"Layer {step.name!r} ({type(step.layer).__name__}) ends the model after its last Dense/Conv "
+        "layer; heatinv starts relevance at that layer's output, so only activations (and a "
+        "Flatten/Reshape of a layer without activation) may follow it."
+    )
+
+
+def first_linear_steps(steps: list[Step]) -> set[int]:
+    """The Linear steps the model input reaches without crossing another Linear step."""
+    reached, first = {MODEL_INPUT}, set()
+    for i, step in enumerate(steps):
+        if any(source in reached for source in step.sources):
+            if isinstance(step, Linear):
+                first.add(i)
+            else:
+                reached.add(i)
+    return first
+
+
+def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple[tf.Tensor, tf.Tensor]]:
+    """The input box ``[low, high]`` carried to the input of every first Linear step.
+
+    The bounds, given in the model's input space, pass through the steps before the first
+    Dense/Conv layers (Rescaling, Normalization, padding, reshapes): each step maps both
+    bounds and the elementwise minimum and maximum of the two images are the new bounds
+    (a negative scale swaps them; padding adds zeros to both). Sums and concatenations
+    combine the bounds of their operands.
+
+    Returns:
+        ``{step index: (low, high)}`` for every first Linear step.
+    """
+    box = {MODEL_INPUT: (tf.convert_to_tensor(low, x.dtype) + tf.zeros_like(x), tf.convert_to_tensor(high, x.dtype) + tf.zeros_like(x))}
+    at_first = {}
+    for i, step in enumerate(steps):
+        if not all(source in box for source in step.sources):
+            continue
+        if isinstance(step, Linear):
+            at_first[i] = box[step.sources[0]]
+            continue
+        lows = [box[source][0] for source in step.sources]
+        highs = [box[source][1] for source in step.sources]
+        if isinstance(step, Merge):
+            if step.kind not in ("add", "average", "concatenate"):
+                raise UnsupportedLayerError(
+                    f"{step.name!r} ({step.kind}) combines tensors before the first Dense/Conv layer; the "
+                    "zbox rule cannot carry its input bounds through it. Use a composite without zbox."
+                )
+            images = step(*lows), step(*highs)
+        else:
+            images = step(lows[0]), step(highs[0])
+        box[i] = (tf.minimum(*images), tf.maximum(*images))
+    return at_first
 
 
 def backward(
@@ -71,23 +154,53 @@ def backward(
     relevance: tf.Tensor,
     composite: Composite,
     start: int,
+    bounds: dict[int, tuple[tf.Tensor, tf.Tensor]] | None = None,
 ) -> tf.Tensor:
     """Propagate ``relevance`` from the output of ``steps[start]`` down to the input.
 
     Activations pass relevance unchanged, so relevance of a step's pre-activation (logits)
-    and of its activation take the same walk.
+    and of its activation take the same walk. ``bounds`` (from :func:`carry_bounds`) give
+    the zbox rule of each first Linear step its input box.
     """
-    first_linear = min(i for i, step in enumerate(steps) if isinstance(step, Linear))
+    first = first_linear_steps(steps)
+    bounds = bounds or {}
+    pending = {start: relevance}
     for i in range(start, -1, -1):
-        step, a = steps[i], fwd.inputs[i]
-        if isinstance(step, Linear):
-            kernel, bias = fwd.params[i]
-            rule = composite.rule_for(step.kind, is_first=i == first_linear)
-            relevance = rule(a, kernel, bias, relevance, step)
-        elif isinstance(step, Pool):
-            redistribute = norm if step.kind == "average" else winner_takes_all
-            relevance = redistribute(a, relevance, step)
-        elif isinstance(step, Reshape):
-            relevance = tf.reshape(relevance, tf.shape(a))
-        # Elementwise: relevance passes unchanged.
-    return relevance
+        if i not in pending:
+            continue  # nothing of the explained score flows through this step
+        step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
+        for source, share in zip(step.sources, _shares(step, a, fwd.params[i], r, composite, i in first, bounds.get(i))):
+            if share is not None:
+                pending[source] = pending[source] + share if source in pending else share
+    if MODEL_INPUT not in pending:
+        return tf.zeros_like(fwd.inputs[0] if not isinstance(fwd.inputs[0], list) else fwd.inputs[0][0])
+    return pending[MODEL_INPUT]
+
+
+def _shares(step: Step, a, params, relevance: tf.Tensor, composite: Composite, is_first: bool, box) -> list:
+    """The relevance ``step`` hands to each of its sources (None: none)."""
+    if isinstance(step, Linear):
+        kernel, bias = params
+        rule = composite.rule_for(step.kind, is_first=is_first)
+        if box is not None and is_first and composite.first is not None and rule.name == "zbox":
+            return [rule(a, kernel, bias, relevance, step, low=box[0], high=box[1])]
+        return [rule(a, kernel, bias, relevance, step)]
+    if isinstance(step, Pool):
+        redistribute = norm if step.kind == "average" else winner_takes_all
+        return [redistribute(a, relevance, step)]
+    if isinstance(step, Reshape):
+        return [tf.reshape(relevance, tf.shape(a))]
+    if isinstance(step, Rearrange):
+        return [adjoint(step, a, relevance)]
+    if isinstance(step, Merge):
+        if step.kind == "add":
+            return sum_rule(a, relevance)
+        if step.kind == "average":
+            return sum_rule([x / len(a) for x in a], relevance)
+        if step.kind == "subtract":
+            return sum_rule([a[0], -a[1]], relevance)
+        if step.kind == "concatenate":
+            return concatenation_rule(a, relevance, step.axis)
+        return product_rule(a, relevance, step.gates)
+    # Elementwise, Affine: relevance passes unchanged.
+    return [relevance]

@@ -292,3 +292,46 @@ def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...
     routed = tf.reshape(tf.transpose(routed, inverse), [-1] + [o * w for o, w in zip(outputs, window)] + [channels])
     padding = [[0, 0]] + [[0, size - o * w] for size, o, w in zip(sizes, outputs, window)] + [[0, 0]]
     return tf.pad(routed, padding)
+
+
+# Merge rules: a node that combines several tensors hands each operand its share of ``R``.
+
+
+def sum_rule(contributions: list[tf.Tensor], relevance: tf.Tensor) -> list[tf.Tensor]:
+    """A sum ``z = sum_k x_k`` (Add; Average with ``x_k / n``; Subtract with ``x_1, -x_2``).
+
+    ``R_k = x_k * R / stab(z)``: Zennit's rule for a residual sum (its ``Sum`` layer with the
+    ``Norm`` rule). Operands broadcast in the sum get their relevance summed back over the
+    broadcast axes.
+    """
+    s = relevance / stabilize(tf.add_n([tf.broadcast_to(x, tf.shape(relevance)) for x in contributions]), STABILIZER)
+    return [unbroadcast(x * s, x) for x in contributions]
+
+
+def concatenation_rule(operands: list[tf.Tensor], relevance: tf.Tensor, axis: int) -> list[tf.Tensor]:
+    """Concatenate: each operand gets the relevance of the positions it filled."""
+    return tf.split(relevance, [x.shape[axis] for x in operands], axis=axis)
+
+
+def product_rule(operands: list[tf.Tensor], relevance: tf.Tensor, gates: tuple[bool, ...]) -> list[tf.Tensor | None]:
+    """Multiply: a gate gets nothing (None) and the signal all of ``R``; non-gates share equally.
+
+    ``z = x * g`` with a gate ``g`` (a sigmoid or hard-sigmoid, as in squeeze-and-excitation):
+    ``R_x = R``, ``R_g = 0`` ("signal takes all", Arras et al. 2017, LRP for LSTMs). A
+    product of ``n`` non-gate operands: ``R_k = R / n`` (the uniform rule of AttnLRP,
+    Achtibat et al. 2024). When every operand is a gate they share equally too.
+    """
+    signals = [not gate for gate in gates] if not all(gates) else [True] * len(operands)
+    share = relevance / sum(signals)
+    return [unbroadcast(share, x) if signal else None for x, signal in zip(operands, signals)]
+
+
+def unbroadcast(relevance: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+    """Sum ``relevance`` over the axes along which ``like`` was broadcast to its shape."""
+    if like.shape.rank == relevance.shape.rank and like.shape == relevance.shape:
+        return relevance
+    extra = relevance.shape.rank - like.shape.rank
+    if extra:
+        relevance = tf.reduce_sum(relevance, axis=list(range(extra)))
+    axes = [axis for axis, size in enumerate(like.shape) if size == 1 and relevance.shape[axis] != 1]
+    return tf.reduce_sum(relevance, axis=axes, keepdims=True) if axes else relevance

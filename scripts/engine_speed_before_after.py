@@ -1,0 +1,83 @@
+"""Time the compiled heatmap of the chain models with another revision's engine and this one.
+
+    python scripts/engine_speed_before_after.py --before main
+
+Checks out ``heatinv/lrp`` of ``--before`` (a git revision) into a temporary package, then
+times ``heatmap_only`` (the compiled ``LRP.__call__``) of the bench's mlp and cnn with both
+engines on the same weights and inputs, interleaved in one process (alternating order,
+``--repeats`` blocks of at least ``--min-time`` seconds), and prints the medians and their
+ratio. Ratios, not absolute times, are what a shared machine reports faithfully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+FILES = ("__init__", "canonize", "composites", "graph", "propagate", "rules")
+
+
+def load_engine(revision: str, root: str):
+    """``heatinv/lrp`` of ``revision`` as the package ``heatinv_before.lrp``."""
+    package = os.path.join(root, "heatinv_before", "lrp")
+    os.makedirs(package)
+    open(os.path.join(root, "heatinv_before", "__init__.py"), "w").close()
+    for name in FILES:
+        shown = subprocess.run(["git", "show", f"{revision}:heatinv/lrp/{name}.py"], capture_output=True, text=True)
+        if shown.returncode == 0:  # a module the other revision does not have is simply absent
+            with open(os.path.join(package, f"{name}.py"), "w") as f:
+                f.write(shown.stdout.replace("heatinv.lrp", "heatinv_before.lrp"))
+    sys.path.insert(0, root)
+    return importlib.import_module("heatinv_before.lrp")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", default="main", help="the git revision to compare with (default main)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--min-time", type=float, default=0.2)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+
+    import heatinv.lrp as after
+    from heatinv.data import load_digits
+    from heatinv.models import Architecture, build_model
+
+    with tempfile.TemporaryDirectory() as root:
+        before = load_engine(args.before, root)
+        digits = load_digits()
+        for name in ("mlp", "cnn"):
+            model = build_model(Architecture(name), digits.num_classes, seed=0)
+            for composite in ("epsilon", "epsilon_gamma_box"):
+                for batch in (1, 64):
+                    x = tf.constant(np.concatenate([digits.x_test] * 2)[:batch])
+                    y = tf.constant(digits.y_test[:batch].astype("int32"))
+                    heatmaps = {}
+                    for tag, engine in (("before", before), ("after", after)):
+                        explainer = engine.LRP(model, composite)
+                        heatmaps[tag] = tf.function(lambda x, y, e=explainer: tf.reduce_sum(e(x, y)))
+                        float(heatmaps[tag](x, y))  # trace and compile outside the timing
+                    times = {"before": [], "after": []}
+                    for repeat in range(args.repeats):
+                        for tag in ("before", "after") if repeat % 2 else ("after", "before"):
+                            calls, started = 0, time.perf_counter()
+                            while time.perf_counter() - started < args.min_time:
+                                float(heatmaps[tag](x, y))
+                                calls += 1
+                            times[tag].append((time.perf_counter() - started) * 1e3 / calls)
+                    b, a = statistics.median(times["before"]), statistics.median(times["after"])
+                    print(f"{name} {composite} batch {batch}: before {b:.3f} ms, after {a:.3f} ms, after/before {a / b:.2f}",
+                          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
