@@ -556,6 +556,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
 
 
 def main(argv=None) -> int:
+    from heatinv.startup import start_tensorflow
+
+    start_tensorflow()  # before anything imports TensorFlow: no CUDA notices on a CPU machine
     run(parse_args(argv))
     return 0
 

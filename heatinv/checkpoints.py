@@ -184,6 +184,7 @@ MAY_CHANGE_ON_RESUME = (
     "task.epochs",
     "trainer.log_every",
     "trainer.checkpoint_every",
+    "trainer.checkpoint_seconds",
     "trainer.max_nonfinite",
     "trainer.steps_per_execution",
     "trainer.jit_compile",

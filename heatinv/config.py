@@ -98,7 +98,8 @@ class TrainerConfig:
     precision: str = "float32"  # float32 | float64
     strategy: str = "none"  # none | mirrored (task=dataset: one replica per GPU, tf.distribute.MirroredStrategy)
     steps_per_execution: int = 25  # updates per compiled call (one dispatch and host read per call)
-    checkpoint_every: int = 100  # steps between checkpoints (0: none)
+    checkpoint_seconds: float = 60.0  # wall time between checkpoints (0: none by time)
+    checkpoint_every: int = 0  # steps between checkpoints (0: none by steps; tests set it for known steps)
     resume: bool = False  # continue the run in hydra.run.dir from its last checkpoint
     overwrite: bool = False  # replace the results already in hydra.run.dir
     max_nonfinite: int = 10  # stop after this many steps in a row with NaN/Inf loss or gradients
@@ -176,7 +177,7 @@ def validate(cfg) -> None:
         value = _get(cfg, key)
         if not value > 0:
             raise ConfigError(f"Config value {key}={value!r} must be > 0.")
-    for key in ("trainer.checkpoint_every", "trainer.max_nonfinite"):
+    for key in ("trainer.checkpoint_every", "trainer.checkpoint_seconds", "trainer.max_nonfinite"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
     if cfg.trainer.resume and cfg.trainer.overwrite:

@@ -1,7 +1,8 @@
 """The metrics every run reports as ``final/<name>`` to TensorBoard's HParams dashboard.
 
 Its own module, without TensorFlow: the sweep callbacks read it in the launcher's process,
-and the run's summaries in the job.
+and the run's summaries in the job. A task writes those it measures (the single task has no
+success rate, the dataset task no single loss).
 """
 
-FINAL_METRICS = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
+FINAL_METRICS = ("objective", "cosine", "ssim", "pearson", "spearman", "loss", "student_accuracy", "success_rate")

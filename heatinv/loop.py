@@ -9,9 +9,14 @@ how it diagnoses a run whose gradients vanished. Everything else is here, once:
 - the NaN/Inf guard: a step with a non-finite loss or gradient skips its update, and
   ``trainer.max_nonfinite`` of them in a row stop the run; a step whose gradients are all
   exactly zero stops it too (:class:`GradientsVanished`, with the task's diagnosis);
-- checkpoints every ``trainer.checkpoint_every`` steps and at the end; SIGTERM or Ctrl-C
-  stop between two calls with a checkpoint (:class:`heatinv.checkpoints.RunInterrupted`);
-- gradient norms and zero fractions, the task's summaries, and a progress display.
+- checkpoints every ``trainer.checkpoint_seconds`` of wall time (and every
+  ``trainer.checkpoint_every`` steps, when set) and at the end; SIGTERM or Ctrl-C stop
+  between two calls with a checkpoint (:class:`heatinv.checkpoints.RunInterrupted`);
+- gradient norms and zero fractions and the task's summaries at each log step, histograms
+  and images at about :data:`RARE_LOGS` of them, and a progress display that starts once
+  the step is compiled;
+- the bookkeeping's cost: the loop's wall time, and how much of it went to summaries and
+  to checkpoints (``metrics.json``), so ``steps_per_second`` is not read as the run's speed.
 
 ``HEATINV_TEST_SIGNAL_AT_STEP=N:SIGNAL`` (test-only: the fault-injection tests set it in a
 child process's environment) makes the run send itself ``SIGNAL`` once step ``N`` is done
@@ -20,6 +25,8 @@ and checkpointed where due, so a test kills or stops a run at a known step inste
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import signal
 import time
@@ -32,9 +39,13 @@ import numpy as np
 from heatinv.checkpoints import Checkpointer, RunInterrupted, StopRequests
 from heatinv.doctor import Finding, format_report
 from heatinv.progress import Progress
-from heatinv.summaries import Summaries
+from heatinv.summaries import HEALTH, Summaries
 
 TEST_SIGNAL_VARIABLE = "HEATINV_TEST_SIGNAL_AT_STEP"
+RARE_LOGS = 10
+"""About how many log steps of a run also write histograms and images (each costs ~100 scalars)."""
+
+log = logging.getLogger(__name__)
 
 
 class GradientsVanished(RuntimeError):
@@ -50,13 +61,15 @@ class GradientsVanished(RuntimeError):
 class Call:
     """One call of the compiled step: ``steps`` updates on ``batch``, ``done`` steps after it.
 
-    ``log`` marks a log step (the task's summaries, gradient statistics).
+    ``log`` marks a log step (the task's summaries, gradient statistics); the loop marks
+    about :data:`RARE_LOGS` of them ``rare`` (histograms, images).
     """
 
     steps: int
     done: int
     log: bool
     batch: tuple
+    rare: bool = False
 
 
 class Task(Protocol):
@@ -64,6 +77,7 @@ class Task(Protocol):
 
     Attributes:
         what: names the loop in the progress display.
+        axis: what TensorBoard's step counts (``"step"`` or ``"epoch"``, see :meth:`log_step`).
         total: steps of the whole run.
         student: the model the steps update (under a strategy, its mirrored copy).
         optimizer: its optimizer (checkpointed with it).
@@ -73,6 +87,7 @@ class Task(Protocol):
     """
 
     what: str
+    axis: str
     total: int
     student: object
     optimizer: object
@@ -113,6 +128,9 @@ class LoopResult:
         start: steps done before this process (a resumed run), 0 for a fresh one.
         steps: steps done at the end.
         seconds: time in the step calls, without the first call.
+        loop_seconds: wall time of the whole loop, first call, summaries and checkpoints included.
+        summaries_seconds: of it, in summaries and the task's log steps (its evaluations included).
+        checkpoints_seconds: of it, in checkpoints.
         first_call_seconds: the first call (tracing and compiling included), None without calls.
         first_call_steps: the updates of that first call.
         nonfinite_steps: updates skipped for a NaN/Inf loss or gradient.
@@ -125,6 +143,9 @@ class LoopResult:
     start: int
     steps: int = 0
     seconds: float = 0.0
+    loop_seconds: float = 0.0
+    summaries_seconds: float = 0.0
+    checkpoints_seconds: float = 0.0
     first_call_seconds: float | None = None
     first_call_steps: int = 0
     nonfinite_steps: int = 0
@@ -134,12 +155,19 @@ class LoopResult:
     last: dict | None = None
 
     def timing(self) -> dict:
-        """``seconds``, ``steps_per_second`` (without the first call) and ``first_call_seconds``."""
+        """The step's speed (``seconds``, ``steps_per_second``: the step calls without the first)
+        and the run's (``loop_seconds``, ``loop_steps_per_second``: everything), with the
+        bookkeeping's share (``summaries_seconds``, ``checkpoints_seconds``)."""
         timed = self.steps - self.start - self.first_call_steps
+        done = self.steps - self.start
         return {
             "seconds": self.seconds,
             "steps_per_second": timed / self.seconds if self.seconds else float("nan"),
             "first_call_seconds": self.first_call_seconds,
+            "loop_seconds": self.loop_seconds,
+            "loop_steps_per_second": done / self.loop_seconds if self.loop_seconds else float("nan"),
+            "summaries_seconds": self.summaries_seconds,
+            "checkpoints_seconds": self.checkpoints_seconds,
         }
 
 
@@ -150,7 +178,7 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
         task: the single or dataset task.
         checkpointer: saves the student, the optimizer and the task's state.
         start: steps already done (the restored checkpoint's), 0 for a fresh run.
-        trainer: the ``trainer`` config group (``checkpoint_every``, ``max_nonfinite``).
+        trainer: the ``trainer`` config group (``checkpoint_seconds``, ``checkpoint_every``, ``max_nonfinite``).
         summaries: the run's TensorBoard writer.
         variables: the student's trainable variables (gradient statistics' tags).
 
@@ -162,22 +190,36 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
     """
     loop = LoopResult(start=start, steps=start)
     signal_at = _test_signal()
-    progress = Progress(task.what, task.total, "steps")
+    progress = None
     streak, last_checkpoint = 0, start
-    every = trainer.checkpoint_every
+    every, seconds = trainer.checkpoint_every, trainer.checkpoint_seconds
+    rare_every = max(1, math.ceil(task.total / RARE_LOGS))
+    began = last_saved = time.perf_counter()
+
+    def save(step: int) -> str:
+        nonlocal last_saved
+        started = time.perf_counter()
+        path = checkpointer.save(step)
+        last_saved = time.perf_counter()
+        loop.checkpoints_seconds += last_saved - started
+        return path
+
+    log.info("heatinv: compiling the step (the first call traces it)")
     with StopRequests() as requests:
         for call in task.calls(start):
             if requests.signal is not None:
                 # Between calls: the weights hold exactly the updates of the steps done so far.
-                raise RunInterrupted(checkpointer.out, loop.steps, checkpointer.save(loop.steps), requests.signal)
+                raise RunInterrupted(checkpointer.out, loop.steps, save(loop.steps), requests.signal)
             started = time.perf_counter()
             result = task.step(call)
             loss = float(result["loss"])  # one host read per call
             if loop.first_call_seconds is None:
                 loop.first_call_seconds, loop.first_call_steps = time.perf_counter() - started, call.steps
+                # Estimates start here: the first call's compiling says nothing about the rest.
+                progress = Progress(task.what, task.total, "steps", start=start)
             else:
                 loop.seconds += time.perf_counter() - started
-            loop.steps, loop.last = call.done, result
+            previous, loop.steps, loop.last = loop.steps, call.done, result
             nonfinite = int(result["nonfinite"])
             loop.nonfinite_steps += nonfinite
             streak = streak + nonfinite if nonfinite == call.steps else nonfinite
@@ -191,27 +233,31 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
                 else:
                     loop.why = f"every gradient of step {call.done} is zero"
                 loop.findings = task.diagnose()
-                summaries.text("diagnosis", format_report(loop.findings, loop.why), step=call.done)
+                summaries.preformatted("diagnosis", format_report(loop.findings, loop.why), step=call.done)
                 loop.stopped = call.done
                 break
-            if every and call.done // every > last_checkpoint // every:
-                checkpointer.save(call.done)
+            if (every and call.done // every > last_checkpoint // every) or (seconds and time.perf_counter() - last_saved >= seconds):
+                save(call.done)
                 last_checkpoint = call.done
             values = {"loss": loss}
             if call.log:
+                logged = time.perf_counter()
+                call.rare = call.done // rare_every > previous // rare_every or call.done >= task.total
                 values.update(task.log(summaries, call, result))
-                summaries.scalars(task.log_step(call.done), {"nonfinite_steps": loop.nonfinite_steps})
+                at = task.log_step(call.done)
+                summaries.scalars(at, HEALTH, {"nonfinite_steps": loop.nonfinite_steps})
                 if "zero_fractions" in result:
-                    at = task.log_step(call.done)
                     summaries.gradients(at, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
-                    if "gradients" in result:
+                    if call.rare and "gradients" in result:
                         summaries.histograms(at, variables, result["gradients"])
+                loop.summaries_seconds += time.perf_counter() - logged
             progress.update(call.done, values)
             if signal_at is not None and call.done >= signal_at[0]:
                 os.kill(os.getpid(), signal_at[1])  # test-only, see the module docstring
                 signal_at = None
-    if loop.stopped is None and loop.steps > last_checkpoint and every:
-        checkpointer.save(loop.steps)  # a finished run can be extended (more steps, trainer.resume=true)
+    if loop.stopped is None and loop.steps > last_checkpoint and (every or seconds):
+        save(loop.steps)  # a finished run can be extended (more steps, trainer.resume=true)
+    loop.loop_seconds = time.perf_counter() - began
     return loop
 
 

@@ -29,6 +29,7 @@ pipeline, before the split, and handed to each replica as a per-example column (
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from typing import Callable
@@ -44,12 +45,14 @@ from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.outputs import write_run_files
-from heatinv.render import diverging_rgb, grayscale_rgb, grid
+from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import per_sample_similarity
 from heatinv.step import compile_step, gradient_stats, make_optimizer
-from heatinv.summaries import Summaries
+from heatinv.summaries import TRAIN, Summaries
 
 TERMS = ("heatmap", "cross_entropy", "logit_match")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,13 @@ class Manipulation:
         unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
         terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
         return {"loss": self.combine(terms), **terms}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """cos(a, b) = <a, b> / (|a| |b|) over all pixels (0 when either map is all zero)."""
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    norms = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / norms) if norms else 0.0
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
@@ -220,6 +230,7 @@ class DatasetTask:
     """
 
     stopped_before_start = False  # the doctor's pre-flight check is for one image's objective
+    axis = "epoch"  # TensorBoard's x axis: one point per epoch
 
     def __init__(self, cfg, parts: Parts):
         self.cfg, self.parts = cfg, parts
@@ -242,7 +253,7 @@ class DatasetTask:
             mode = "xla" if cfg.trainer.jit_compile else "function"
             self.compiled = compile_step(self.student, self.explainer, objective, self.optimizer, mode)
         else:
-            print(f"heatinv: {self.strategy.num_replicas_in_sync} replicas (MirroredStrategy)", flush=True)
+            log.info(f"heatinv: {self.strategy.num_replicas_in_sync} replicas (MirroredStrategy)")
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
@@ -290,9 +301,12 @@ class DatasetTask:
         return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
 
     def begin(self, summaries: Summaries) -> None:
-        summaries.text("config", "```\n" + OmegaConf.to_yaml(self.cfg, resolve=False) + "\n```")
-        summaries.scalars(0, {f"test/{k}": v for k, v in self.initial.items()})
-        print(f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}", flush=True)
+        summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
+        summaries.text("target", self.problem.description)
+        summaries.match(0, self.initial)
+        summaries.histograms(0, self.variables)
+        summaries.figure(0, self.figure(), "heatmap/figure_initial")
+        log.info(f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}")
 
     def calls(self, start: int) -> Iterator[Call]:
         per_epoch = self.steps_per_epoch
@@ -321,13 +335,15 @@ class DatasetTask:
         epoch = self.log_step(call.done)
         means = self.sums.numpy() / self.steps_per_epoch
         self.sums.assign(tf.zeros_like(self.sums))
-        train_terms = {f"train/{name}": float(v) for name, v in zip(("loss", *TERMS), means)}
+        train_terms = {name: float(v) for name, v in zip(("loss", *TERMS), means)}
         self.test = self.evaluate()
-        summaries.scalars(epoch, {**train_terms, **{f"test/{k}": v for k, v in self.test.items()}})
-        print(
-            f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['train/loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
-            f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}",
-            flush=True,
+        summaries.scalars(epoch, TRAIN, train_terms)
+        summaries.match(epoch, self.test)
+        if call.rare and "gradients" not in result:  # the loop logs weights with gradients where the step returns them
+            summaries.histograms(epoch, self.variables)
+        log.info(
+            f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
+            f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}"
         )
         return {"test_cosine": self.test["cosine"]}
 
@@ -335,6 +351,8 @@ class DatasetTask:
         if self.student is not self.parts.student:
             self.parts.student.set_weights(self.student.get_weights())
         test = self.evaluate()
+        self.final_figure = self.figure(test)
+        summaries.figure(self.log_step(loop.steps), self.final_figure)
         return {
             "reference_accuracy": self.parts.reference_accuracy,
             **test,
@@ -350,26 +368,31 @@ class DatasetTask:
         }
 
     def write(self, out: str, metrics: dict) -> None:
-        """``metrics.json``, ``student.keras`` and ``heatmaps.png``: rows of held-out images."""
-        write_run_files(out, metrics, self.parts.student, grid(self._grid_rows()))
+        """``metrics.json``, ``student.keras`` and ``heatmaps.png`` + ``.svg``: rows of held-out images."""
+        write_run_files(out, metrics, self.parts.student, self.final_figure)
 
-    def _grid_rows(self, count: int = 6) -> list[list[np.ndarray]]:
-        """Rows of held-out images: input, reference heatmap, target, student heatmap."""
+    def figure(self, test: dict | None = None, count: int = 6):
+        """Held-out images, one row each: input, reference heatmap, target, student heatmap.
+
+        Each row's heatmaps share one symmetric scale, so the student is drawn on the target's;
+        the title gives the held-out metrics ``test`` (the start's when None).
+        """
         data, problem = self.parts.dataset, self.problem
         index = np.flatnonzero(problem.test_chosen)[:count]
         student_maps, _ = explain_all(self.explainer, data.x_test[index], data.y_test[index])
-        rows = []
-        for row, i in enumerate(index):
-            reference, target = problem.test_maps[i], problem.test_targets[i]
-            rows.append(
-                [
-                    grayscale_rgb(data.x_test[i]),
-                    diverging_rgb(reference, float(np.abs(reference).max()) or None),
-                    diverging_rgb(target, float(np.abs(target).max()) or None),
-                    diverging_rgb(student_maps[row], float(np.abs(student_maps[row]).max()) or None),
-                ]
+        rows = [
+            Row(
+                data.x_test[i], problem.test_maps[i], problem.test_targets[i], student_maps[row], str(int(data.y_test[i])),
+                _cosine(student_maps[row], problem.test_targets[i]),
             )
-        return rows
+            for row, i in enumerate(index)
+        ]
+        test = test or self.initial
+        return dataset_figure(
+            rows,
+            title=f"{problem.description}: held-out cosine {test['cosine']:.3f}, success rate {test['success_rate']:.2f}, "
+            f"accuracy {test['student_accuracy']:.3f}",
+        )
 
     @staticmethod
     def summary_line(metrics: dict) -> str:

@@ -8,10 +8,10 @@ before step 1.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
-import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
 
@@ -22,10 +22,12 @@ from heatinv.loop import Call, LoopResult
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
-from heatinv.render import diverging_rgb, grayscale_rgb, panel
+from heatinv.figures import heatmap_figure
 from heatinv.similarity import similarity_numpy
 from heatinv.step import compile_step, make_optimizer, schedule
 from heatinv.summaries import Summaries
+
+log = logging.getLogger(__name__)
 
 NOTHING_TO_LEARN = ("zero-residual", "dead-output", "all-zero")
 """Findings that leave the step nothing to follow: a run with one of them stops before step 1."""
@@ -38,6 +40,8 @@ class SingleTask:
     >>> task = SingleTask(cfg, build_parts(cfg))  # doctest: +SKIP
     >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
     """
+
+    axis = "step"  # TensorBoard's x axis: one point per log step
 
     def __init__(self, cfg, parts: Parts):
         self.cfg, self.parts = cfg, parts
@@ -63,7 +67,7 @@ class SingleTask:
         self.initial = self.explainer(self.x, self.label).numpy()  # before any resume: the run's own start
         self.findings = self.diagnose()
         if self.findings:
-            print(format_report(self.findings, "before the first update"), flush=True)
+            log.warning(format_report(self.findings, "before the first update"))
         self.total = cfg.trainer.steps
         self.stopped_before_start = any(finding.code in NOTHING_TO_LEARN for finding in self.findings)
         if self.stopped_before_start:
@@ -77,9 +81,10 @@ class SingleTask:
         return diagnose(self.student, self.target.image, self.target.label, objective, self.cfg.trainer.precision)
 
     def begin(self, summaries: Summaries) -> None:
-        summaries.text("config", "```\n" + OmegaConf.to_yaml(self.cfg, resolve=False) + "\n```")
+        summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.target.source)
-        summaries.text("diagnosis", format_report(self.findings, "before the first update"))
+        summaries.preformatted("diagnosis", format_report(self.findings, "before the first update"))
+        summaries.heatmaps_once(self.target.image[0], self.target.heatmap[0], self.initial[0])
 
     def calls(self, start: int) -> Iterator[Call]:
         trainer = self.cfg.trainer
@@ -93,11 +98,12 @@ class SingleTask:
         return done
 
     def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]:
-        """Similarity and heatmap images at a log step; the last step is logged by :meth:`finish`."""
+        """The match at a log step, the current heatmap at a rare one; the last step is logged by :meth:`finish`."""
         scores = similarity_numpy(result["heatmap"], self.target_map)
         if call.done < self.total:
-            summaries.scalars(call.done, {"loss": float(result["loss"]), **{f"similarity/{k}": v for k, v in scores.items()}})
-            summaries.heatmaps(call.done, self.target.image, self.target.heatmap, result["heatmap"].numpy())
+            summaries.match(call.done, {"loss": float(result["loss"]), **scores})
+            if call.rare:
+                summaries.current_heatmap(call.done, self.target.heatmap[0], result["heatmap"].numpy()[0])
         return {"cosine": scores["cosine"]}
 
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
@@ -120,22 +126,18 @@ class SingleTask:
             "stopped_at_step": 0 if self.stopped_before_start else loop.stopped,
             "nonfinite_steps": loop.nonfinite_steps,
         }
-        summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
-        summaries.heatmaps(steps, self.target.image, self.target.heatmap, self.final_map)
+        summaries.match(steps, {"loss": final_loss, **scores})
+        summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
+        self.figure = heatmap_figure(
+            self.target.image[0], self.target.heatmap[0], self.initial[0], self.final_map[0],
+            {**scores, "loss": final_loss}, title=f"target: {self.target.source}",
+        )
+        summaries.figure(steps, self.figure)
         return metrics
 
     def write(self, out: str, metrics: dict) -> None:
-        """``metrics.json``, ``student.keras``, ``heatmaps.png`` (input, target, initial, final, difference), ``doctor.json``."""
-        target = self.target.heatmap
-        vmax = float(np.abs(target).max())
-        tiles = [
-            grayscale_rgb(self.target.image[0]),
-            diverging_rgb(target[0], vmax),
-            diverging_rgb(self.initial[0], vmax),
-            diverging_rgb(self.final_map[0], vmax),
-            diverging_rgb(self.final_map[0] - target[0], vmax),
-        ]
-        write_run_files(out, metrics, self.student, panel(tiles))
+        """``metrics.json``, ``student.keras``, ``heatmaps.png`` + ``.svg`` (the figure of :meth:`finish`), ``doctor.json``."""
+        write_run_files(out, metrics, self.student, self.figure)
         write_json(os.path.join(out, "doctor.json"), metrics["diagnosis"])
 
     @staticmethod

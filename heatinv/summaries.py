@@ -1,10 +1,20 @@
-"""TensorBoard: scalars, per-layer gradient norms, heatmap images, histograms, config, HParams.
+"""TensorBoard, laid out for this job: the match first, health and gradients after, images and text.
 
-Tags written (see the README):
-``loss``, ``similarity/{cosine,ssim,pearson,spearman}``, ``grad_norm/<layer>/<variable>``,
-``zero_grad_fraction/<layer>/<variable>``, images ``heatmap/{input,target,current,difference}``,
-histograms ``weights/...`` and ``gradients/...``, text ``config`` and ``diagnosis``, and the
-HParams session with the flattened config and final metrics ``final/<metric>``.
+Scalar tags sit in numbered groups so that TensorBoard sorts them in reading order, and each
+group says its x axis (``per_step`` for the single task, ``per_epoch`` for the dataset task) so
+that the two tasks' values never share a tag:
+
+- ``1_match_per_<axis>/``: the loss, the similarities, ``one_minus_cosine`` (log-scale view of
+  a cosine near 1), and for the dataset task the held-out accuracy and success rate;
+- ``2_train_per_epoch/``: the dataset task's mean training terms;
+- ``3_health_per_<axis>/``: ``nonfinite_steps`` and ``zero_grad_fraction/<layer>/<variable>``;
+- ``4_grad_norm_per_<axis>/<layer>/<variable>``;
+- ``final/<metric>``: one value per run, for the HParams dashboard (in ``<logdir>/hparams``).
+
+Images ``heatmap/{input,target,initial}`` are written once, ``heatmap/current`` a few times over
+the run, and ``heatmap/figure`` (the labelled figure of ``heatmaps.png``) at the end;
+histograms ``weights/...`` and ``gradients/...``; text ``config``, ``target``, ``diagnosis``
+(preformatted). The HParams session holds the keys a person compares, not the whole config.
 """
 
 from __future__ import annotations
@@ -16,10 +26,26 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 from tensorboard.plugins.hparams import api as hp
 
+from heatinv.figures import to_rgb
 from heatinv.final_metrics import FINAL_METRICS
 from heatinv.models import variable_tag
 from heatinv.render import diverging_rgb, grayscale_rgb
 
+MATCH, TRAIN, HEALTH, GRAD_NORM = "1_match", "2_train", "3_health", "4_grad_norm"
+
+HPARAM_KEYS = (
+    "task.kind",
+    "model.name",
+    "target.kind",
+    "init.kind",
+    "loss.name",
+    "lrp.composite",
+    "optimizer.name",
+    "optimizer.lr",
+    "trainer.steps",
+    "task.epochs",
+)
+"""Keys every run's HParams row shows (what a person tells runs apart by); overridden keys are added."""
 
 
 def trial_name(out: str, root: str) -> str:
@@ -54,10 +80,35 @@ def flat_config(cfg) -> dict:
     return flat
 
 
-class Summaries:
-    """One run's event files under ``logdir``; use as a context manager so it always closes."""
+def compared_hparams(flat: dict, overrides: list[str] = ()) -> dict:
+    """The HParams row of a run: :data:`HPARAM_KEYS` and every key its command line set.
 
-    def __init__(self, logdir: str):
+    A group override (``loss=huber``) selects every key of that group.
+
+    Example:
+    >>> sorted(compared_hparams({"loss.name": "l1", "loss.delta": 0.1, "lrp.gamma": 0.25}, ["loss=l1"]))
+    ['loss.delta', 'loss.name']
+    """
+    prefixes = {o.split("=", 1)[0].lstrip("+~").split("@", 1)[0] for o in overrides}
+    prefixes = {p for p in prefixes if p and not p.startswith("hydra")}
+    return {
+        key: hparam_value(value)
+        for key, value in flat.items()
+        if key in HPARAM_KEYS or any(key == p or key.startswith(p + ".") for p in prefixes)
+    }
+
+
+class Summaries:
+    """One run's event files under ``logdir``; use as a context manager so it always closes.
+
+    Args:
+        logdir: the run's TensorBoard folder.
+        axis: what a step of this run's time series is (``"step"`` or ``"epoch"``); it names
+            the groups, so per-step and per-epoch values never share a tag.
+    """
+
+    def __init__(self, logdir: str, axis: str = "step"):
+        self.logdir, self.axis = logdir, axis
         self.writer = tf.summary.create_file_writer(logdir)
 
     def __enter__(self) -> "Summaries":
@@ -70,34 +121,55 @@ class Summaries:
         self.writer.flush()
         self.writer.close()
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
+    def tag(self, group: str, name: str) -> str:
+        """``<group>_per_<axis>/<name>``, e.g. ``1_match_per_step/cosine``."""
+        return f"{group}_per_{self.axis}/{name}"
+
+    def scalars(self, step: int, group: str, values: dict[str, float]) -> None:
         with self.writer.as_default(step=step):
-            for tag, value in values.items():
-                tf.summary.scalar(tag, value)
+            for name, value in values.items():
+                tf.summary.scalar(self.tag(group, name), value)
+
+    def match(self, step: int, values: dict[str, float]) -> None:
+        """The match group; a ``cosine`` also gives ``one_minus_cosine`` (for a log-scale view)."""
+        if "cosine" in values:
+            values = {**values, "one_minus_cosine": 1.0 - values["cosine"]}
+        self.scalars(step, MATCH, values)
 
     def gradients(self, step: int, variables, norms: np.ndarray, zero_fractions: np.ndarray) -> None:
         with self.writer.as_default(step=step):
             for variable, norm, zeros in zip(variables, norms, zero_fractions):
                 tag = variable_tag(variable)
-                tf.summary.scalar(f"grad_norm/{tag}", float(norm))
-                tf.summary.scalar(f"zero_grad_fraction/{tag}", float(zeros))
+                tf.summary.scalar(self.tag(GRAD_NORM, tag), float(norm))
+                tf.summary.scalar(self.tag(HEALTH, f"zero_grad_fraction/{tag}"), float(zeros))
 
-    def histograms(self, step: int, variables, gradients) -> None:
+    def histograms(self, step: int, variables, gradients=None) -> None:
         with self.writer.as_default(step=step):
-            for variable, gradient in zip(variables, gradients):
+            for k, variable in enumerate(variables):
                 tag = variable_tag(variable)
                 tf.summary.histogram(f"weights/{tag}", variable)
-                tf.summary.histogram(f"gradients/{tag}", gradient)
+                if gradients is not None:
+                    tf.summary.histogram(f"gradients/{tag}", gradients[k])
 
-    def heatmaps(self, step: int, image: np.ndarray, target: np.ndarray, current: np.ndarray) -> None:
-        """Target, current and difference on one symmetric colour scale centred at zero."""
-        vmax = float(np.abs(target).max()) or None
+    def heatmaps_once(self, image: np.ndarray, target: np.ndarray, initial: np.ndarray) -> None:
+        """Input, target and initial heatmap, at step 0 (each its own tag, so none is dropped)."""
+        scale = _scale(target)
         tiles = {
-            "heatmap/input": grayscale_rgb(image[0]),
-            "heatmap/target": diverging_rgb(target[0], vmax),
-            "heatmap/current": diverging_rgb(current[0], vmax),
-            "heatmap/difference": diverging_rgb(current[0] - target[0], vmax),
+            "heatmap/input": grayscale_rgb(image, invert=True),
+            "heatmap/target": diverging_rgb(target, scale),
+            "heatmap/initial": diverging_rgb(initial, scale),
         }
+        self._images(0, tiles)
+
+    def current_heatmap(self, step: int, target: np.ndarray, current: np.ndarray) -> None:
+        """The heatmap at ``step`` on the target's symmetric scale (blue-white-red, white at zero)."""
+        self._images(step, {"heatmap/current": diverging_rgb(current, _scale(target))})
+
+    def figure(self, step: int, fig, tag: str = "heatmap/figure") -> None:
+        """A matplotlib figure (:mod:`heatinv.figures`) in the Images tab."""
+        self._images(step, {tag: to_rgb(fig)})
+
+    def _images(self, step: int, tiles: dict[str, np.ndarray]) -> None:
         with self.writer.as_default(step=step):
             for tag, rgb in tiles.items():
                 tf.summary.image(tag, rgb[None], step=step)
@@ -106,10 +178,26 @@ class Summaries:
         with self.writer.as_default(step=step):
             tf.summary.text(tag, body)
 
-    def hparams(self, flat_config: dict, final: dict[str, float], trial_id: str) -> None:
-        """The HParams dashboard's row for this run: config values and final metrics."""
-        with self.writer.as_default(step=0):
-            hp.hparams({key: hparam_value(value) for key, value in flat_config.items()}, trial_id=trial_id)
+    def preformatted(self, tag: str, body: str, step: int = 0) -> None:
+        """Text that keeps its line breaks and columns in the Text tab (a markdown code block)."""
+        self.text(tag, "```\n" + body.strip("\n") + "\n```", step)
+
+    def hparams(self, hparams: dict, final: dict[str, float], trial_id: str) -> None:
+        """The HParams dashboard's row for this run, in the run's own ``hparams`` folder.
+
+        TensorBoard takes a row's metric columns from every scalar under the row's folder; in
+        a folder of their own the row's metrics are the :data:`FINAL_METRICS` the run measured
+        (``final/<name>``), not every gradient norm. A sweep's experiment
+        (:mod:`heatinv.callbacks`) names the columns of its jobs.
+        """
+        writer = tf.summary.create_file_writer(os.path.join(self.logdir, "hparams"))
+        with writer.as_default(step=0):
+            hp.hparams(hparams, trial_id=trial_id)
             for name in FINAL_METRICS:
                 if name in final:
                     tf.summary.scalar(f"final/{name}", final[name])
+        writer.close()
+
+
+def _scale(target: np.ndarray) -> float | None:
+    return float(np.abs(target).max()) or None

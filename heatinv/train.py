@@ -10,14 +10,20 @@ Hydra entry point. The task returns ``1 - cosine`` so a sweeper can minimize it.
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from heatinv.startup import start_tensorflow
 
-from heatinv.build import Parts, build_parts
-from heatinv.checkpoints import (
+start_tensorflow()  # before the imports below bring TensorFlow in: no CUDA notices on a CPU machine
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from heatinv.build import Parts, build_parts  # noqa: E402
+from heatinv.checkpoints import (  # noqa: E402
     Checkpointer,
     RunDirectoryError,
     RunInterrupted,
@@ -25,12 +31,14 @@ from heatinv.checkpoints import (
     guard_run_directory,
     save_run_config,
 )
-from heatinv.config import ConfigError, register, validate
-from heatinv.loop import GradientsVanished, train
-from heatinv.lrp import UnsupportedLayerError
-from heatinv.manipulate import DatasetTask
-from heatinv.single import SingleTask
-from heatinv.summaries import Summaries, flat_config, trial_name
+from heatinv.config import ConfigError, register, validate  # noqa: E402
+from heatinv.loop import GradientsVanished, train  # noqa: E402
+from heatinv.lrp import UnsupportedLayerError  # noqa: E402
+from heatinv.manipulate import DatasetTask  # noqa: E402
+from heatinv.single import SingleTask  # noqa: E402
+from heatinv.summaries import Summaries, compared_hparams, flat_config, trial_name  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg) -> dict:
@@ -56,6 +64,7 @@ def run(cfg) -> dict:
     os.makedirs(out, exist_ok=True)
     guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     changed = check_resumable(out, cfg) if cfg.trainer.resume else []
+    log.info(f"heatinv: loading the {cfg.data.name} data and the {cfg.model.name} models")
     return run_task(cfg, build_parts(cfg), changed)
 
 
@@ -76,24 +85,39 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
     start = 0
     if trainer.resume:
         start = checkpointer.restore()
-        print(f"heatinv: resuming {out} after step {start} of {task.total}", flush=True)
+        log.info(f"heatinv: resuming {out} after step {start} of {task.total}")
         if changed:
-            print(f"heatinv: resuming with changed settings: {'; '.join(changed)}", flush=True)
+            log.info(f"heatinv: resuming with changed settings: {'; '.join(changed)}")
     else:
         save_run_config(out, cfg)
 
-    with Summaries(os.path.join(out, "tensorboard")) as summaries:
+    with Summaries(os.path.join(out, "tensorboard"), task.axis) as summaries:
         task.begin(summaries)
         loop = train(task, checkpointer, start, trainer, summaries, task.variables)
         metrics = task.finish(summaries, loop)
-        summaries.hparams(flat_config(cfg), metrics, trial_id=trial_name(out, cfg.paths.root))
+        hparams = compared_hparams(flat_config(cfg), _command_line_overrides())
+        summaries.hparams(hparams, metrics, trial_id=trial_name(out, cfg.paths.root))
     task.write(out, metrics)
     if loop.stopped is not None:
         raise GradientsVanished(loop.stopped, loop.findings, loop.why)
     if task.stopped_before_start:
         raise GradientsVanished(0, task.findings)
-    print(task.summary_line(metrics), flush=True)
+    log.info(task.summary_line(metrics))
+    log.info(
+        f"heatinv: {metrics['steps']} steps in {metrics['loop_seconds']:.1f} s "
+        f"(the step {metrics['seconds']:.1f} s, summaries {metrics['summaries_seconds']:.1f} s, "
+        f"checkpoints {metrics['checkpoints_seconds']:.1f} s, compiling {metrics['first_call_seconds'] or 0.0:.1f} s)"
+    )
+    log.info(f"heatinv: results in {out} (heatmaps.png, metrics.json, student.keras)")
+    log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")
     return metrics
+
+
+def _command_line_overrides() -> list[str]:
+    """The job's overrides (``loss=l1``), for its HParams row; none when not run by Hydra (tests)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 @hydra.main(version_base="1.3", config_path="pkg://heatinv.configs", config_name="train")
@@ -101,21 +125,27 @@ def _hydra_main(cfg: DictConfig) -> float:
     try:
         return run(cfg)["objective"]
     except RunInterrupted as interrupted:
-        print(f"heatinv: {interrupted}", file=sys.stderr, flush=True)
+        _error(f"heatinv: {interrupted}")
         sys.exit(128 + interrupted.signum)
     except GradientsVanished as stop:
         when = "before the first update" if stop.step == 0 else f"at step {stop.step}"
-        print(f"heatinv: stopped {when}.\n{stop}", file=sys.stderr, flush=True)
+        _error(f"heatinv: stopped {when}.\n{stop}")
         if _in_sweep():
             raise  # Hydra records the job as failed and the sweep's other jobs go on
         sys.exit(3)
     except (ConfigError, RunDirectoryError, FileNotFoundError, UnsupportedLayerError, ValueError, TypeError) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"heatinv: {error}", file=sys.stderr, flush=True)
+        _error(f"heatinv: {error}")
         if _in_sweep():
             raise
         sys.exit(2)
+
+
+def _error(message: str) -> None:
+    """``message`` on stderr, and in the job's log file (the console handler writes to stdout)."""
+    print(message, file=sys.stderr, flush=True)
+    log.error(message, extra={"file_only": True})
 
 
 def _in_sweep() -> bool:

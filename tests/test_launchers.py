@@ -38,7 +38,8 @@ from heatinv.config import register
 
 SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
-FINAL = ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
+FINAL = ("objective", "cosine", "ssim", "pearson", "spearman", "loss", "student_accuracy", "success_rate")
+SINGLE_FINAL = tuple(name for name in FINAL if name != "success_rate")  # what a single-task job measures
 
 
 def need(module: str, extra: str):
@@ -106,10 +107,11 @@ def check_jobs(result: subprocess.CompletedProcess, sweep_dir: str, count: int) 
     assert summary["finished"] and summary["failed"] == [], summary
     assert [job["num"] for job in summary["jobs"]] == list(range(count))
     for job in summary["jobs"]:
-        with open(os.path.join(sweep_dir, str(job["num"]), "metrics.json")) as f:
+        assert job["dir"].startswith(f"{job['num']}_")  # named after the job's overrides (hydra.job.override_dirname)
+        with open(os.path.join(sweep_dir, job["dir"], "metrics.json")) as f:
             metrics = json.load(f)
         assert metrics["steps"] == 3
-        assert all(math.isfinite(metrics[key]) for key in FINAL)
+        assert all(math.isfinite(metrics[key]) for key in SINGLE_FINAL)
         assert job["status"] == "ok" and job["error"] is None
         assert job["metrics"]["cosine"] == metrics["cosine"]
         with open(os.path.join(sweep_dir, job["dir"], ".hydra", "overrides.yaml")) as f:
@@ -204,9 +206,10 @@ def test_a_failed_job_keeps_the_others_and_is_reported(tmp_path, cache_dir):
     assert failed["status"] == "failed" and "target.index=9999" in failed["overrides"]
     assert "index=9999" in failed["error"] and failed["metrics"] is None, failed
     assert ok["status"] == "ok" and ok["error"] is None
-    with open(os.path.join(sweep_dir, "1", "metrics.json")) as f:
+    assert failed["dir"] == "0_target.index=9999" and ok["dir"] == "1_target.index=0"
+    with open(os.path.join(sweep_dir, ok["dir"], "metrics.json")) as f:
         assert json.load(f)["cosine"] == ok["metrics"]["cosine"]
-    assert not os.path.exists(os.path.join(sweep_dir, "0", "metrics.json"))
+    assert not os.path.exists(os.path.join(sweep_dir, failed["dir"], "metrics.json"))
     assert "failed: #0 (ValueError" in result.stdout  # the sweep's last line says which job and why
 
 
@@ -279,7 +282,7 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
         groups = []
         while time.monotonic() < board.deadline:  # TensorBoard loads the event files in the background
             groups = board.hparams("session_groups", SESSION_GROUPS)["sessionGroups"]
-            if len(groups) == len(summary["jobs"]) and all(len(g["metricValues"]) == len(FINAL) for g in groups):
+            if len(groups) == len(summary["jobs"]) and all(len(g["metricValues"]) == len(SINGLE_FINAL) for g in groups):
                 break
             time.sleep(1)
         experiment = board.hparams("experiment", {})
@@ -301,7 +304,7 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
         row = rows[override(job, "loss")]
         assert row["hparams"]["trainer.steps"] == 3
         values = {m["name"]["tag"]: m["value"] for m in row["metricValues"]}
-        for name in FINAL:
+        for name in SINGLE_FINAL:
             assert values[f"final/{name}"] == pytest.approx(job["metrics"][name], rel=1e-6), name
 
 

@@ -120,26 +120,35 @@ def test_student_keras_reproduces_the_final_heatmap(default_run, cache_dir):
     assert similarity_numpy(heatmap, target.heatmap)["cosine"] == pytest.approx(metrics["cosine"], abs=1e-5)
 
 
-def test_heatmaps_png_decodes_to_rgb(default_run):
+def test_heatmaps_png_and_svg_are_the_labelled_figure(default_run):
     out, _ = default_run
     with open(os.path.join(out, "heatmaps.png"), "rb") as f:
         image = tf.io.decode_png(f.read()).numpy()
     height, width, channels = image.shape
-    assert channels == 3
-    assert width > 4 * height  # five tiles side by side: input, target, initial, final, difference
+    assert channels in (3, 4)
+    assert width > 3 * height > 600  # five panels and a colour bar side by side, at 110 dpi
     assert image.min() < image.max()
+    with open(os.path.join(out, "heatmaps.svg")) as f:
+        svg = f.read()
+    assert svg.lstrip().startswith("<?xml") and svg.count("<image") >= 5  # one raster per panel
 
 
-def test_tensorboard_scalars(default_run):
+def test_tensorboard_match_group_first_per_step(default_run):
     out, _ = default_run
     accumulator = events(out)
     tags = set(accumulator.Tags()["tensors"])
-    for tag in ("loss", *(f"similarity/{name}" for name in SIMILARITIES)):
-        assert tag in tags
-        assert plugin_of(accumulator, tag) == "scalars"
+    scalar_tags = sorted(tag for tag in tags if plugin_of(accumulator, tag) == "scalars")
+    assert scalar_tags[0].startswith("1_match_per_step/")  # TensorBoard sorts groups by name
+    for name in ("loss", *SIMILARITIES, "one_minus_cosine"):
+        tag = f"1_match_per_step/{name}"
+        assert tag in tags and plugin_of(accumulator, tag) == "scalars"
         series = scalar_series(accumulator, tag)
         assert {step for step, _ in series} == {1, 2, 4}  # step 1, every log_every, the last step
         assert all(math.isfinite(value) for _, value in series)
+    cosine = dict(scalar_series(accumulator, "1_match_per_step/cosine"))
+    for step, value in scalar_series(accumulator, "1_match_per_step/one_minus_cosine"):
+        assert value == pytest.approx(1.0 - cosine[step], abs=1e-6)
+    assert not any("per_epoch" in tag for tag in tags)
 
 
 def test_tensorboard_gradients_per_trainable_variable(default_run):
@@ -149,54 +158,91 @@ def test_tensorboard_gradients_per_trainable_variable(default_run):
     student = keras.saving.load_model(os.path.join(out, "student.keras"), safe_mode=True)
     expected = [variable_tag(v) for v in student.trainable_variables]
     assert len(expected) == 6  # three Dense layers, kernel and bias
+    norm_tags = [f"4_grad_norm_per_step/{name}" for name in expected]
+    zero_tags = [f"3_health_per_step/zero_grad_fraction/{name}" for name in expected]
+    for tag in norm_tags + zero_tags + ["3_health_per_step/nonfinite_steps"]:
+        assert tag in tags and plugin_of(accumulator, tag) == "scalars", tag
     for name in expected:
-        for prefix in ("grad_norm", "zero_grad_fraction"):
-            assert f"{prefix}/{name}" in tags
-            assert plugin_of(accumulator, f"{prefix}/{name}") == "scalars"
         for prefix in ("weights", "gradients"):
-            assert f"{prefix}/{name}" in tags
             assert plugin_of(accumulator, f"{prefix}/{name}") == "histograms"
-    norms = [value for name in expected for _, value in scalar_series(accumulator, f"grad_norm/{name}")]
-    fractions = [value for name in expected for _, value in scalar_series(accumulator, f"zero_grad_fraction/{name}")]
+    norms = [value for tag in norm_tags for _, value in scalar_series(accumulator, tag)]
+    fractions = [value for tag in zero_tags for _, value in scalar_series(accumulator, tag)]
     assert all(value > 0 for value in norms)
     assert all(0.0 <= value < 1.0 for value in fractions)
-    grad_tags = {tag for tag in tags if tag.startswith("grad_norm/")}
-    assert grad_tags == {f"grad_norm/{name}" for name in expected}  # nothing for non-trainable variables
+    assert {tag for tag in tags if tag.startswith("4_grad_norm")} == set(norm_tags)  # nothing for non-trainable variables
 
 
-def test_tensorboard_images_text_and_hparams(default_run):
-    out, metrics = default_run
+def test_tensorboard_images_once_current_over_time_and_the_figure(default_run):
+    out, _ = default_run
     accumulator = events(out)
     tags = set(accumulator.Tags()["tensors"])
-    for tag in ("heatmap/input", "heatmap/target", "heatmap/current", "heatmap/difference"):
-        assert tag in tags and plugin_of(accumulator, tag) == "images"
-        # An image summary holds width, height and the encoded PNG.
-        width, height, png = tf.make_ndarray(accumulator.Tensors(tag)[-1].tensor_proto)
-        assert tf.io.decode_png(png).shape[-1] == 3 and int(width) > 0 and int(height) > 0
 
-    assert plugin_of(accumulator, "config") == "text"
+    def steps_of(tag):
+        assert tag in tags and plugin_of(accumulator, tag) == "images", tag
+        return [event.step for event in accumulator.Tensors(tag)]
+
+    for tag in ("heatmap/input", "heatmap/target", "heatmap/initial"):
+        assert steps_of(tag) == [0]  # once: TensorBoard's 10 kept images per tag never drop them
+    assert steps_of("heatmap/current")[-1] == 4 and len(steps_of("heatmap/current")) <= 1 + 10
+    assert steps_of("heatmap/figure") == [4]
+    # An image summary holds width, height and the encoded PNG.
+    width, height, png = tf.make_ndarray(accumulator.Tensors("heatmap/figure")[-1].tensor_proto)
+    assert tf.io.decode_png(png).shape == (int(height), int(width), 3) and int(width) > 3 * int(height)
+
+
+def test_tensorboard_text_is_preformatted(default_run):
+    out, _ = default_run
+    accumulator = events(out)
+    for tag in ("config", "diagnosis"):
+        assert plugin_of(accumulator, tag) == "text"
+        body = tf.make_ndarray(accumulator.Tensors(tag)[0].tensor_proto).item().decode()
+        assert body.startswith("```\n") and body.endswith("\n```"), tag  # markdown code block: lines kept
     config_text = tf.make_ndarray(accumulator.Tensors("config")[0].tensor_proto).item().decode()
     assert "name: mse" in config_text and "hidden:" in config_text
 
+
+def test_tensorboard_hparams_row_holds_compared_keys_and_final_metrics(default_run):
+    out, metrics = default_run
+    # The row lives in its own folder, so its metric columns are the final metrics, no gradient norm.
+    accumulator = EventAccumulator(os.path.join(out, "tensorboard", "hparams"), size_guidance={"tensors": 0})
+    accumulator.Reload()
     content = accumulator.PluginTagToContent("hparams")
-    assert "_hparams_/session_start_info" in content
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     hparams = {key: value for key, value in start.hparams.items()}
-    assert hparams["loss.name"].string_value == "mse"
-    assert hparams["trainer.steps"].number_value == 4
-    assert hparams["model.hidden"].string_value == "[16, 8]"
-    assert hparams["data.path"].string_value == "none"  # None becomes "none"
-    assert not any(key.startswith("paths.") for key in hparams)
+    assert set(hparams) == {"task.kind", "model.name", "target.kind", "init.kind", "loss.name", "lrp.composite",
+                            "optimizer.name", "optimizer.lr", "trainer.steps", "task.epochs"}
+    assert hparams["loss.name"].string_value == "mse" and hparams["trainer.steps"].number_value == 4
     assert start.group_name == os.path.basename(out)
-    # The final metrics the HParams dashboard shows.
-    for name in ("loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy"):
+    scalar_tags = {tag for tag in accumulator.Tags()["tensors"] if plugin_of(accumulator, tag) == "scalars"}
+    measured = ("objective", "loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
+    assert scalar_tags == {f"final/{name}" for name in measured}  # no success rate: the single task has none
+    for name in measured:
         ((_, value),) = scalar_series(accumulator, f"final/{name}")
         assert value == pytest.approx(metrics[name], rel=1e-6)
+    # ... and not in the run's own folder, where they would be single dots among the curves.
+    assert not any(tag.startswith("final/") for tag in events(out).Tags()["tensors"])
+
+
+def test_hparams_row_adds_the_command_lines_keys():
+    from heatinv.summaries import compared_hparams
+
+    flat = {"loss.name": "huber", "loss.delta": 0.2, "lrp.gamma": 0.5, "model.hidden": [16, 8], "trainer.steps": 3}
+    row = compared_hparams(flat, ["loss=huber", "model.hidden=[16,8]", "debug=smoke"])
+    assert row == {"loss.name": "huber", "loss.delta": 0.2, "model.hidden": "[16, 8]", "trainer.steps": 3}
+
+
+def test_metrics_json_times_the_whole_loop(default_run):
+    out, _ = default_run
+    metrics = read_metrics(out)
+    parts = metrics["seconds"] + metrics["first_call_seconds"] + metrics["summaries_seconds"] + metrics["checkpoints_seconds"]
+    assert 0 < parts <= metrics["loop_seconds"]  # the loop's wall time holds every part it reports
+    assert metrics["checkpoints_seconds"] > 0  # the final checkpoint
+    assert metrics["loop_steps_per_second"] == pytest.approx(metrics["steps"] / metrics["loop_seconds"])
 
 
 def test_tensorboard_logs_each_scalar_once_per_step(default_run):
     out, _ = default_run
-    steps = [step for step, _ in scalar_series(events(out), "loss")]
+    steps = [step for step, _ in scalar_series(events(out), "1_match_per_step/loss")]
     assert len(steps) == len(set(steps)), f"loss logged at steps {steps}"
 
 
@@ -206,7 +252,7 @@ def test_tensorboard_tags_do_not_depend_on_the_cache(tmp_path):
     run(train_config(tmp_path / "hit", cache, "trainer.steps=1"))
 
     def grad_tags(out):
-        return sorted(tag for tag in events(out).Tags()["tensors"] if tag.startswith("grad_norm/"))
+        return sorted(tag for tag in events(out).Tags()["tensors"] if tag.startswith("4_grad_norm"))
 
     assert grad_tags(tmp_path / "miss") == grad_tags(tmp_path / "hit")
 
@@ -307,7 +353,7 @@ def test_cnn_model_runs(tmp_path, cache_dir):
     student = keras.saving.load_model(tmp_path / "student.keras", safe_mode=True)
     assert [layer.filters for layer in student.layers if isinstance(layer, keras.layers.Conv2D)] == [4, 8]
     tags = set(events(tmp_path).Tags()["tensors"])
-    assert {f"grad_norm/{variable_tag(v)}" for v in student.trainable_variables} <= tags
+    assert {f"4_grad_norm_per_step/{variable_tag(v)}" for v in student.trainable_variables} <= tags
 
 
 def test_model_file_runs(tmp_path, cache_dir):
@@ -323,6 +369,6 @@ def test_model_file_runs(tmp_path, cache_dir):
 @pytest.mark.parametrize("loss", ["l1", "mse", "huber"])
 def test_each_loss_improves_cosine(tmp_path, cache_dir, loss):
     metrics = run(train_config(tmp_path, cache_dir, f"loss={loss}", "trainer.steps=40", "trainer.log_every=40"))
-    (first_step, initial), *_ = scalar_series(events(tmp_path), "similarity/cosine")
+    (first_step, initial), *_ = scalar_series(events(tmp_path), "1_match_per_step/cosine")
     assert first_step == 1
     assert metrics["cosine"] > initial + 0.1, (initial, metrics["cosine"])

@@ -10,8 +10,12 @@ The objective is evaluated twice, in float32 and in float64, and each check in
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
+from heatinv.startup import start_tensorflow
+
+start_tensorflow()  # `python -m heatinv.doctor` imports this package first: quiet TensorFlow's start-up here
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from heatinv.doctor import checks
 from heatinv.doctor.findings import CODES, Finding, format_report
