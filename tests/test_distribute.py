@@ -76,7 +76,7 @@ SCRIPT = textwrap.dedent(
         for path in sorted(glob.glob(os.path.join(folder, "events.*"))):
             for event in tf.compat.v1.train.summary_iterator(path):
                 for value in event.summary.value:
-                    if value.tag.startswith("train/"):
+                    if value.tag.startswith("2_train_per_epoch/"):
                         terms.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
         return terms
 
@@ -153,7 +153,7 @@ def test_mirrored_on_two_replicas_makes_the_single_device_updates():
             # single-device fused Adam kernel and Keras's Adam (under the strategy) rounding differently.
             np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
         assert sorted(single["terms"]) == sorted(mirrored["terms"]) == [
-            "train/cross_entropy", "train/heatmap", "train/logit_match", "train/loss"
+            "2_train_per_epoch/cross_entropy", "2_train_per_epoch/heatmap", "2_train_per_epoch/logit_match", "2_train_per_epoch/loss"
         ]
         for tag, values in single["terms"].items():
             np.testing.assert_allclose(mirrored["terms"][tag], values, rtol=1e-5, err_msg=tag)

@@ -106,7 +106,8 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
     data = load_digits()
     assert written["student_accuracy"] == pytest.approx(accuracy(student, data.x_test, data.y_test), abs=1e-9)
     rgb = tf.io.decode_png((out / "heatmaps.png").read_bytes()).numpy()
-    assert rgb.shape[-1] == 3 and rgb.shape[0] > rgb.shape[1] / 2  # rows of test images, four tiles each
+    assert rgb.shape[-1] in (3, 4) and rgb.shape[0] > rgb.shape[1] / 2  # rows of test images, four panels each
+    assert (out / "heatmaps.svg").is_file()
     steps = 2 * -(-len(data.x_train) // 128)  # two epochs of batches of 128 (debug=smoke)
     # Gradient statistics are measured, once per epoch: the first kernel's rows for pixels that
     # are 0 in every training image get exactly zero gradient, so its zero fraction is at least
@@ -115,12 +116,22 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
 
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
-    zero_tags = sorted(tag for tag in events.Tags()["tensors"] if tag.startswith("zero_grad_fraction/"))
+    tags = set(events.Tags()["tensors"])
+    zero_tags = sorted(tag for tag in tags if tag.startswith("3_health_per_epoch/zero_grad_fraction/"))
     assert len(zero_tags) == len(student.trainable_variables) == 6
+    # Per-epoch values under their own tags: nothing shares a tag with a single run's per-step values.
+    assert not any("per_step" in tag for tag in tags)
+    for name in ("cosine", "one_minus_cosine", "success_rate", "student_accuracy"):
+        assert [e.step for e in events.Tensors(f"1_match_per_epoch/{name}")] == [0, 1, 2]  # before, and each epoch
+    assert [e.step for e in events.Tensors("2_train_per_epoch/loss")] == [1, 2]
+    # The dataset task logs its figure (before and after) and histograms too.
+    assert [e.step for e in events.Tensors("heatmap/figure_initial")] == [0]
+    assert [e.step for e in events.Tensors("heatmap/figure")] == [2]
+    assert any(tag.startswith("weights/") for tag in tags) and any(tag.startswith("gradients/") for tag in tags)
     always_dark = float(np.mean(np.all(data.x_train.reshape(len(data.x_train), -1) == 0, axis=0)))
     from heatinv.models import variable_tag
 
-    first_kernel = "zero_grad_fraction/" + variable_tag(student.trainable_variables[0])
+    first_kernel = "3_health_per_epoch/zero_grad_fraction/" + variable_tag(student.trainable_variables[0])
     series = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events.Tensors(first_kernel)]
     assert [step for step, _ in series] == [1, 2] and always_dark > 0.05
     assert all(always_dark <= value < 1 for _, value in series), (series, always_dark)
