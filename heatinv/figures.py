@@ -186,7 +186,7 @@ def _draw_image(ax, image: np.ndarray, title: str) -> None:
     low, high = np.nanmin(image), np.nanmax(image)
     if low < 0 or high > 1:  # standardized or raw data: show its own range
         image = (image - low) / ((high - low) or 1.0)
-    ax.imshow(np.clip(image, 0, 1), cmap="gray_r" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
+    ax.imshow(np.clip(image, 0, 1), cmap="gray_r" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="none")
     _frame(ax, title)
 
 
@@ -195,7 +195,7 @@ def _draw_map(ax, values: np.ndarray, scale: float, title: str):
     factor = 1
     if 0 < peak < TINY * scale:
         factor = 10 ** math.floor(math.log10(scale / peak))
-    image = ax.imshow(values * factor, cmap=COLORMAP, vmin=-scale, vmax=scale, interpolation="nearest")
+    image = ax.imshow(values * factor, cmap=COLORMAP, vmin=-scale, vmax=scale, interpolation="none")
     if title:
         title = f"{title} (x{factor:g})" if factor > 1 else title
     elif factor > 1:
