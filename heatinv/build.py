@@ -14,6 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from heatinv.channel_sum import ChannelSumLRP
+from heatinv.config import ConfigError
 from heatinv.data import Dataset, load_dataset
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
@@ -49,7 +51,16 @@ def build_parts(cfg) -> Parts:
     """
     keras.backend.clear_session()  # Hydra's basic launcher runs a sweep's jobs in one process
     keras.utils.set_random_seed(cfg.trainer.seed)
-    dataset = load_dataset(cfg.data.name, cfg.data.path)
+    d = cfg.data
+    dataset = load_dataset(
+        d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed
+    )
+    print(
+        f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
+        f"shape {dataset.input_shape}, {dataset.num_classes} classes",
+        flush=True,
+    )
+    default_box_to_data_range(cfg, dataset)
     if cfg.model.name == "file":
         reference = load_model_file(cfg.model.path)
         check_model_fits(reference, dataset, cfg.model.path)
@@ -57,12 +68,36 @@ def build_parts(cfg) -> Parts:
         student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
     else:
         reference, reference_acc = reference_model(
-            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=0
+            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=0, weights=cfg.model.weights
         )
-        student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed)
+        student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape)
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
     return Parts(dataset, reference, reference_acc, student)
+
+
+def default_box_to_data_range(cfg, dataset: Dataset) -> None:
+    """Set ``lrp.low``/``lrp.high`` left unset (null) to the data's range, and say so.
+
+    The ``zbox`` rule's box must hold every input it explains; the data's own range (per
+    channel or feature where it differs) does, whatever the data. A value the user set stays.
+    """
+    from omegaconf import open_dict
+
+    for key, value in (("low", dataset.low), ("high", dataset.high)):
+        if cfg.lrp[key] is None:
+            plain = float(value) if np.ndim(value) == 0 else [round(float(v), 6) for v in np.ravel(value)]
+            with open_dict(cfg):
+                cfg.lrp[key] = plain
+            shown = plain if np.ndim(value) == 0 else f"{len(plain)} values, one per channel/feature, from {min(plain):.3g} to {max(plain):.3g}"
+            print(f"heatinv: lrp.{key} = {shown} (the {dataset.name} data's range; set lrp.{key} to override)", flush=True)
+    low, high = np.asarray(cfg.lrp.low, np.float64), np.asarray(cfg.lrp.high, np.float64)
+    if low.shape != high.shape and low.size > 1 and high.size > 1 or not np.all(low <= high):
+        raise ConfigError(
+            f"Config values lrp.low={cfg.lrp.low} and lrp.high={cfg.lrp.high} do not make an input box (low <= high, "
+            f"a float or one value per channel/feature); the {dataset.name} data ranges from {np.min(dataset.low):.3g} "
+            f"to {np.max(dataset.high):.3g}. Set both, or leave them unset (null) to use the data's range."
+        )
 
 
 def architecture(cfg) -> Architecture:
@@ -72,22 +107,29 @@ def architecture(cfg) -> Architecture:
 
 
 def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:
-    """A user's model must take the dataset's images and score its classes."""
-    expected_in = (None,) + tuple(dataset.x_test.shape[1:])
+    """A user's model must take the dataset's inputs and score its classes."""
+    expected_in = (None,) + dataset.input_shape
     given_in = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
     given_out = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
     if given_in != expected_in or given_out is None or given_out[-1] != dataset.num_classes:
         raise ValueError(
             f"Model file {path} (model.path) takes inputs of shape {given_in} and gives outputs of shape "
-            f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs. "
-            "Rebuild the model for 28x28x1 images and 10 classes (a Flatten layer first for an MLP)."
+            f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs "
+            f"(shape (None, {dataset.num_classes})). Rebuild the model for inputs {dataset.input_shape} and "
+            f"{dataset.num_classes} classes, or choose the data it was made for (data=...)."
         )
 
 
 def explainer_for(model: keras.Model, cfg) -> LRP:
     """The LRP explainer the ``lrp`` config group describes, bound to ``model``."""
     c = cfg.lrp
-    return LRP(model, c.composite, low=c.low, high=c.high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
+    # Unset outside build_parts (a test composing a config by hand): the [0, 1] of images.
+    low = 0.0 if c.low is None else np.asarray(c.low, np.float32)
+    high = 1.0 if c.high is None else np.asarray(c.high, np.float32)
+    shape = tuple(model.inputs[0].shape)
+    summed = cfg.target.channels == "sum" and len(shape) == 4 and shape[-1] > 1
+    explainer = ChannelSumLRP if summed else LRP
+    return explainer(model, c.composite, low=low, high=high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
 
 
 def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
@@ -96,13 +138,14 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
     return build_target(
         t.kind,
         dataset,
-        explainer_for(reference, cfg) if t.kind == "digit" else None,
-        digit=t.digit,
+        explainer_for(reference, cfg) if t.kind == "class" else None,
+        label=t.label,
         index=t.index,
         path=t.path,
         image=t.image,
         pattern=t.pattern,
         scale=t.scale,
+        channels=t.channels,
     )
 
 

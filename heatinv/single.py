@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from heatinv.atomic import write_json
 from heatinv.build import Parts, explainer_for, single_target
+from heatinv.figures import feature_figure, to_rgb
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import HeatmapMatch, heatmap_loss
@@ -97,7 +98,8 @@ class SingleTask:
         scores = similarity_numpy(result["heatmap"], self.target_map)
         if call.done < self.total:
             summaries.scalars(call.done, {"loss": float(result["loss"]), **{f"similarity/{k}": v for k, v in scores.items()}})
-            summaries.heatmaps(call.done, self.target.image, self.target.heatmap, result["heatmap"].numpy())
+            if self.target.image.ndim == 4:  # a table's relevance per feature is drawn once, in write()
+                summaries.heatmaps(call.done, self.target.image, self.target.heatmap, result["heatmap"].numpy())
         return {"cosine": scores["cosine"]}
 
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
@@ -121,12 +123,19 @@ class SingleTask:
             "nonfinite_steps": loop.nonfinite_steps,
         }
         summaries.scalars(steps, {"loss": final_loss, **{f"similarity/{k}": v for k, v in scores.items()}})
-        summaries.heatmaps(steps, self.target.image, self.target.heatmap, self.final_map)
+        if self.target.image.ndim == 4:
+            summaries.heatmaps(steps, self.target.image, self.target.heatmap, self.final_map)
         return metrics
 
     def write(self, out: str, metrics: dict) -> None:
         """``metrics.json``, ``student.keras``, ``heatmaps.png`` (input, target, initial, final, difference), ``doctor.json``."""
         target = self.target.heatmap
+        if target.ndim == 2:  # a table: bars of relevance per feature
+            maps = {"target": target[0], "initial": self.initial[0], "student": self.final_map[0]}
+            figure = to_rgb(feature_figure(self.parts.dataset.feature_names, maps, self.target.source))
+            write_run_files(out, metrics, self.student, figure)
+            write_json(os.path.join(out, "doctor.json"), metrics["diagnosis"])
+            return
         vmax = float(np.abs(target).max())
         tiles = [
             grayscale_rgb(self.target.image[0]),
