@@ -17,6 +17,7 @@ import tensorflow as tf
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
 from heatinv.data import Dataset, load_dataset
+from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
 from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
@@ -138,7 +139,7 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
     return build_target(
         t.kind,
         dataset,
-        explainer_for(reference, cfg) if t.kind == "class" else None,
+        explainer_for(reference, cfg) if t.kind in ("class",) + FEATURE_KINDS else None,
         label=t.label,
         index=t.index,
         path=t.path,
@@ -146,7 +147,23 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
         pattern=t.pattern,
         scale=t.scale,
         channels=t.channels,
+        **feature_options(cfg, dataset),
     )
+
+
+def feature_options(cfg, dataset: Dataset) -> dict:
+    """``feature`` and ``like_feature`` positions for the tabular targets (``{}`` for the others)."""
+    t = cfg.target
+    if t.kind not in FEATURE_KINDS:
+        return {}
+    if dataset.is_image:
+        raise ValueError(
+            f"target={t.kind} moves the relevance of a table's feature; the {dataset.name} data gives images of shape "
+            f"{dataset.input_shape}. Use a table (data=tabular or data=csv), or target=pattern/swap/suppress."
+        )
+    feature = feature_index(dataset.feature_names, t.feature, "target.feature")
+    like = feature_index(dataset.feature_names, t.like, "target.like") if t.kind == "swap_features" else None
+    return {"feature": feature, "like_feature": like}
 
 
 @dataclass
@@ -177,7 +194,7 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     explainer = explainer_for(reference, cfg)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, _ = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
-    options = dict(pattern=t.pattern, pattern_path=t.path, like=t.like, top_k=t.top_k)
+    options = dict(pattern=t.pattern, pattern_path=t.path, like=t.like, top_k=t.top_k, **feature_options(cfg, dataset))
     train_targets, _ = dataset_targets(t.kind, dataset.y_train, train_maps, classes, **options)
     test_targets, test_chosen = dataset_targets(
         t.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
@@ -234,3 +251,32 @@ def _compiled_explain(explainer: LRP, input_shape) -> tf.types.experimental.Gene
 
         functions[key] = explain
     return functions[key]
+
+
+def feature_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: np.ndarray, student_logits: np.ndarray,
+                   reference: keras.Model, what: str) -> tuple[dict, np.ndarray]:
+    """A table's held-out metrics and its figure: the moved feature's share of |relevance| and the agreement.
+
+    Returns:
+        ``(metrics, figure rgb)``: ``reference_feature_share`` and ``feature_share`` (of the
+        feature ``target.feature``, over the held-out examples), ``agreement`` (the share of
+        held-out examples where student and reference predict the same class), and bars of the
+        mean relevance per feature (reference, target, student).
+    """
+    from heatinv.feature_targets import feature_share
+    from heatinv.figures import feature_figure, to_rgb
+
+    reference_predictions = np.argmax(np.asarray(reference(dataset.x_test, training=False)), axis=-1)
+    metrics = {"agreement": float(np.mean(reference_predictions == np.argmax(student_logits, axis=-1)))}
+    if cfg.target.kind in FEATURE_KINDS:
+        feature = feature_options(cfg, dataset)["feature"]
+        metrics["reference_feature_share"] = feature_share(problem.test_maps, feature)
+        metrics["feature_share"] = feature_share(student_maps, feature)
+    chosen = problem.test_chosen
+    maps = {
+        "reference": problem.test_maps[chosen].mean(axis=0),
+        "target": problem.test_targets[chosen].mean(axis=0),
+        "student": student_maps[chosen].mean(axis=0),
+    }
+    figure = feature_figure(dataset.feature_names, maps, f"mean relevance per feature, held-out: {what}")
+    return metrics, to_rgb(figure)

@@ -48,12 +48,11 @@ class TargetConfig:
     index: int = 0  # which held-out image of that class
     channels: str = "sum"  # colour images: compare maps summed over channels (sum) or per channel (keep)
     feature: Optional[str] = None  # tables: suppress_feature / swap_features: the feature whose relevance moves
-    like_feature: Optional[str] = None  # swap_features: the feature that receives it
     path: Optional[str] = None  # kind=file: the heatmap (.npy or .png)
     image: Optional[str] = None  # kind=file: the input it belongs to (.npy or .png)
     pattern: str = "square"  # kind=pattern: square | cross | frame | file (from target.path)
     scale: float = 1.0  # kind=pattern: total relevance of the pattern
-    like: int = 0  # kind=swap: the class whose reference heatmaps the images should get
+    like: Any = 0  # kind=swap: the class whose reference heatmaps the images get; swap_features: the feature that receives the relevance
     top_k: int = 50  # kind=suppress: how many of the most relevant pixels to empty
 
 
@@ -140,7 +139,7 @@ CHOICES = {
     "model.name": ("mlp", "cnn", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
     "model.output_activation": ("linear", "relu", "softmax"),
-    "target.kind": ("class", "file", "pattern", "swap", "suppress"),
+    "target.kind": ("class", "file", "pattern", "swap", "suppress", "suppress_feature", "swap_features"),
     "target.pattern": ("square", "cross", "frame", "file"),
     "target.channels": ("sum", "keep"),
     "task.kind": ("single", "dataset"),
@@ -196,7 +195,8 @@ def validate(cfg) -> None:
         )
     if cfg.target.label < 0:
         raise ConfigError(f"Config value target.label={cfg.target.label!r} must be a class index >= 0.")
-    single_kinds, dataset_kinds = ("class", "file", "pattern"), ("pattern", "swap", "suppress")
+    feature_kinds = ("suppress_feature", "swap_features")
+    single_kinds, dataset_kinds = ("class", "file", "pattern") + feature_kinds, ("pattern", "swap", "suppress") + feature_kinds
     allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds
     if cfg.target.kind not in allowed:
         raise ConfigError(
@@ -213,6 +213,12 @@ def validate(cfg) -> None:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
     if cfg.target.pattern == "file" and not cfg.target.path:
         raise ConfigError("target.pattern=file needs target.path=/path/to/pattern.npy (or .png).")
+    if cfg.target.kind in feature_kinds and not cfg.target.feature:
+        raise ConfigError(f"target={cfg.target.kind} needs target.feature=<a feature name of the table>.")
+    if cfg.target.kind == "swap_features" and not isinstance(cfg.target.like, str):
+        raise ConfigError(f"target=swap_features needs target.like=<the feature name that receives the relevance>, got {cfg.target.like!r}.")
+    if cfg.target.kind == "swap" and not isinstance(cfg.target.like, int):
+        raise ConfigError(f"target=swap needs target.like=<a class index>, got {cfg.target.like!r}.")
     if cfg.target.index < 0:
         raise ConfigError(f"Config value target.index={cfg.target.index!r} must be >= 0.")
     if not 0.0 < cfg.data.test_split < 1.0:

@@ -258,6 +258,7 @@ def feature_figure(
     peak = np.max(np.abs(np.stack(list(values.values()))), axis=0)
     shown = np.argsort(-peak, kind="stable")[:top][::-1]
     fig = Figure(figsize=(7, 0.35 * len(shown) + 1.2))
+    fig.subplots_adjust(left=0.4)  # room for long feature names
     ax = fig.add_subplot()
     height = 0.8 / len(values)
     for k, (label, v) in enumerate(values.items()):

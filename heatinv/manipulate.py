@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from heatinv.build import Parts, dataset_problem, explain_all, explainer_for
+from heatinv.build import Parts, dataset_problem, explain_all, explainer_for, feature_report
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
@@ -347,10 +347,25 @@ class DatasetTask:
             "stopped_at_step": loop.stopped,
             "manipulated_test_images": int(self.problem.test_chosen.sum()),
             "target": self.problem.description,
+            **self._table_metrics(),
         }
 
+    def _table_metrics(self) -> dict:
+        """For a table: the moved feature's share of |relevance| (reference, student) and the agreement."""
+        if self.parts.dataset.is_image:
+            return {}
+        data = self.parts.dataset
+        maps, logits = explain_all(self.explainer, data.x_test, data.y_test)
+        metrics, self.feature_figure = feature_report(
+            self.cfg, data, self.problem, maps, logits, self.parts.reference, self.problem.description
+        )
+        return metrics
+
     def write(self, out: str, metrics: dict) -> None:
-        """``metrics.json``, ``student.keras`` and ``heatmaps.png``: rows of held-out images."""
+        """``metrics.json``, ``student.keras`` and ``heatmaps.png``: rows of held-out images (tables: bars per feature)."""
+        if not self.parts.dataset.is_image:
+            write_run_files(out, metrics, self.parts.student, self.feature_figure)
+            return
         write_run_files(out, metrics, self.parts.student, grid(self._grid_rows()))
 
     def _grid_rows(self, count: int = 6) -> list[list[np.ndarray]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heatinv.data import Dataset, first_index_of
+from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
 from heatinv.lrp import LRP
 from heatinv.maps_io import read_map
 
@@ -99,6 +100,8 @@ def build_target(
     pattern: str = "square",
     scale: float = 1.0,
     channels: str = "sum",
+    feature: int | None = None,
+    like_feature: int | None = None,
 ) -> Target:
     """Build the target of ``kind`` (``class``, ``file`` or ``pattern``).
 
@@ -115,12 +118,16 @@ def build_target(
         i = first_index_of(dataset, label, index)
         x = dataset.x_test[i : i + 1]
         source_image = f"{dataset.name} test example #{i} (class {dataset.class_names[label]}, index {index})"
-    if kind == "class":
+    if kind in ("class",) + FEATURE_KINDS:
         if reference_explainer is None:
-            raise ValueError("target=class needs the reference model's explainer.")
+            raise ValueError(f"target={kind} needs the reference model's explainer.")
         explanation = reference_explainer.explain(x, label)
         heatmap = explanation.relevance.numpy()
         source = f"reference heatmap of {source_image}"
+        if kind in FEATURE_KINDS:
+            heatmap = move_feature_relevance(heatmap, feature, like_feature if kind == "swap_features" else None)
+            moved = dataset.feature_names[feature]
+            source += f", {moved} suppressed" if kind == "suppress_feature" else f", {moved} given to {dataset.feature_names[like_feature]}"
         if not np.any(heatmap) and float(explanation.start[0]) == 0.0:
             fix = (
                 "Explain the pre-activation instead with lrp.output=logit, or train the reference with "
@@ -145,7 +152,7 @@ def build_target(
         heatmap = np.repeat(heatmap / map_shape[-1], map_shape[-1], axis=-1)[None]
         source = f"{pattern} pattern for {source_image}"
     else:
-        raise ValueError(f"Unknown target kind {kind!r}; expected class, file or pattern.")
+        raise ValueError(f"Unknown target kind {kind!r}; expected class, file, pattern, suppress_feature or swap_features.")
     if not np.any(heatmap):
         raise ValueError(
             f"The target heatmap ({source}) is all zeros: there is nothing to match, and every gradient "
