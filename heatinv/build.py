@@ -7,6 +7,8 @@ this module trains the student or writes a run's files.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import weakref
 from dataclasses import dataclass
 
@@ -14,12 +16,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from heatinv.channel_sum import ChannelSumLRP
+from heatinv.config import ConfigError
 from heatinv.data import Dataset, load_dataset
+from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
 from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
 from heatinv.progress import Progress
 from heatinv.targets import Target, build_target
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -49,7 +57,16 @@ def build_parts(cfg) -> Parts:
     """
     keras.backend.clear_session()  # Hydra's basic launcher runs a sweep's jobs in one process
     keras.utils.set_random_seed(cfg.trainer.seed)
-    dataset = load_dataset(cfg.data.name, cfg.data.path)
+    d = cfg.data
+    dataset = load_dataset(
+        d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed
+    )
+    print(
+        f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
+        f"shape {dataset.input_shape}, {dataset.num_classes} classes",
+        flush=True,
+    )
+    default_box_to_data_range(cfg, dataset)
     if cfg.model.name == "file":
         reference = load_model_file(cfg.model.path)
         check_model_fits(reference, dataset, cfg.model.path)
@@ -57,12 +74,36 @@ def build_parts(cfg) -> Parts:
         student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
     else:
         reference, reference_acc = reference_model(
-            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=0
+            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=0, weights=cfg.model.weights
         )
-        student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed)
+        student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape)
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
     return Parts(dataset, reference, reference_acc, student)
+
+
+def default_box_to_data_range(cfg, dataset: Dataset) -> None:
+    """Set ``lrp.low``/``lrp.high`` left unset (null) to the data's range, and say so.
+
+    The ``zbox`` rule's box must hold every input it explains; the data's own range (per
+    channel or feature where it differs) does, whatever the data. A value the user set stays.
+    """
+    from omegaconf import open_dict
+
+    for key, value in (("low", dataset.low), ("high", dataset.high)):
+        if cfg.lrp[key] is None:
+            plain = float(value) if np.ndim(value) == 0 else [round(float(v), 6) for v in np.ravel(value)]
+            with open_dict(cfg):
+                cfg.lrp[key] = plain
+            shown = plain if np.ndim(value) == 0 else f"{len(plain)} values, one per channel/feature, from {min(plain):.3g} to {max(plain):.3g}"
+            print(f"heatinv: lrp.{key} = {shown} (the {dataset.name} data's range; set lrp.{key} to override)", flush=True)
+    low, high = np.asarray(cfg.lrp.low, np.float64), np.asarray(cfg.lrp.high, np.float64)
+    if low.shape != high.shape and low.size > 1 and high.size > 1 or not np.all(low <= high):
+        raise ConfigError(
+            f"Config values lrp.low={cfg.lrp.low} and lrp.high={cfg.lrp.high} do not make an input box (low <= high, "
+            f"a float or one value per channel/feature); the {dataset.name} data ranges from {np.min(dataset.low):.3g} "
+            f"to {np.max(dataset.high):.3g}. Set both, or leave them unset (null) to use the data's range."
+        )
 
 
 def architecture(cfg) -> Architecture:
@@ -72,22 +113,29 @@ def architecture(cfg) -> Architecture:
 
 
 def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:
-    """A user's model must take the dataset's images and score its classes."""
-    expected_in = (None,) + tuple(dataset.x_test.shape[1:])
+    """A user's model must take the dataset's inputs and score its classes."""
+    expected_in = (None,) + dataset.input_shape
     given_in = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
     given_out = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
     if given_in != expected_in or given_out is None or given_out[-1] != dataset.num_classes:
         raise ValueError(
             f"Model file {path} (model.path) takes inputs of shape {given_in} and gives outputs of shape "
-            f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs. "
-            "Rebuild the model for 28x28x1 images and 10 classes (a Flatten layer first for an MLP)."
+            f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs "
+            f"(shape (None, {dataset.num_classes})). Rebuild the model for inputs {dataset.input_shape} and "
+            f"{dataset.num_classes} classes, or choose the data it was made for (data=...)."
         )
 
 
 def explainer_for(model: keras.Model, cfg) -> LRP:
     """The LRP explainer the ``lrp`` config group describes, bound to ``model``."""
     c = cfg.lrp
-    return LRP(model, c.composite, low=c.low, high=c.high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
+    # Unset outside build_parts (a test composing a config by hand): the [0, 1] of images.
+    low = 0.0 if c.low is None else np.asarray(c.low, np.float32)
+    high = 1.0 if c.high is None else np.asarray(c.high, np.float32)
+    shape = tuple(model.inputs[0].shape)
+    summed = cfg.target.channels == "sum" and len(shape) == 4 and shape[-1] > 1
+    explainer = ChannelSumLRP if summed else LRP
+    return explainer(model, c.composite, low=low, high=high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
 
 
 def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
@@ -96,14 +144,31 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
     return build_target(
         t.kind,
         dataset,
-        explainer_for(reference, cfg) if t.kind == "digit" else None,
-        digit=t.digit,
+        explainer_for(reference, cfg) if t.kind in ("class",) + FEATURE_KINDS else None,
+        label=t.label,
         index=t.index,
         path=t.path,
         image=t.image,
         pattern=t.pattern,
         scale=t.scale,
+        channels=t.channels,
+        **feature_options(cfg, dataset),
     )
+
+
+def feature_options(cfg, dataset: Dataset) -> dict:
+    """``feature`` and ``like_feature`` positions for the tabular targets (``{}`` for the others)."""
+    t = cfg.target
+    if t.kind not in FEATURE_KINDS:
+        return {}
+    if dataset.is_image:
+        raise ValueError(
+            f"target={t.kind} moves the relevance of a table's feature; the {dataset.name} data gives images of shape "
+            f"{dataset.input_shape}. Use a table (data=tabular or data=csv), or target=pattern/swap/suppress."
+        )
+    feature = feature_index(dataset.feature_names, t.feature, "target.feature")
+    like = feature_index(dataset.feature_names, t.like, "target.like") if t.kind == "swap_features" else None
+    return {"feature": feature, "like_feature": like}
 
 
 @dataclass
@@ -134,7 +199,7 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     explainer = explainer_for(reference, cfg)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, _ = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
-    options = dict(pattern=t.pattern, pattern_path=t.path, like=t.like, top_k=t.top_k)
+    options = dict(pattern=t.pattern, pattern_path=t.path, like=t.like, top_k=t.top_k, **feature_options(cfg, dataset))
     train_targets, _ = dataset_targets(t.kind, dataset.y_train, train_maps, classes, **options)
     test_targets, test_chosen = dataset_targets(
         t.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
@@ -191,3 +256,32 @@ def _compiled_explain(explainer: LRP, input_shape) -> tf.types.experimental.Gene
 
         functions[key] = explain
     return functions[key]
+
+
+def feature_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: np.ndarray, student_logits: np.ndarray,
+                   reference: keras.Model, what: str) -> tuple[dict, "Figure"]:
+    """A table's held-out metrics and its figure: the moved feature's share of |relevance| and the agreement.
+
+    Returns:
+        ``(metrics, figure)``: ``reference_feature_share`` and ``feature_share`` (of the
+        feature ``target.feature``, over the held-out examples), ``agreement`` (the share of
+        held-out examples where student and reference predict the same class), and bars of the
+        mean relevance per feature (reference, target, student).
+    """
+    from heatinv.feature_targets import feature_share
+    from heatinv.figures import feature_figure
+
+    reference_predictions = np.argmax(np.asarray(reference(dataset.x_test, training=False)), axis=-1)
+    metrics = {"agreement": float(np.mean(reference_predictions == np.argmax(student_logits, axis=-1)))}
+    if cfg.target.kind in FEATURE_KINDS:
+        feature = feature_options(cfg, dataset)["feature"]
+        metrics["reference_feature_share"] = feature_share(problem.test_maps, feature)
+        metrics["feature_share"] = feature_share(student_maps, feature)
+    chosen = problem.test_chosen
+    maps = {
+        "reference": problem.test_maps[chosen].mean(axis=0),
+        "target": problem.test_targets[chosen].mean(axis=0),
+        "student": student_maps[chosen].mean(axis=0),
+    }
+    figure = feature_figure(dataset.feature_names, maps, f"mean relevance per feature, held-out: {what}")
+    return metrics, figure

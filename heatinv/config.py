@@ -13,19 +13,25 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from heatinv.data import DATASET_NAMES, TABULAR_NAMES
 from heatinv.lrp import COMPOSITES
+from heatinv.models import APPLICATIONS
 
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | mnist
-    path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz)
+    name: str = "digits"  # digits | mnist | npz | folder | csv | breast_cancer | wine (data=tabular)
+    path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz); the file or folder of npz, folder, csv
+    image_size: list[int] = field(default_factory=lambda: [32, 32])  # folder: every image resized to [height, width]
+    test_split: float = 0.2  # folder: the held-out fraction (seeded split)
+    label_column: Optional[str] = None  # csv: the header of the label column
 
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # mlp | cnn | file
+    name: str = "mlp"  # mlp | cnn | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
     path: Optional[str] = None  # a .keras/.h5 file for model=file
+    weights: Optional[str] = None  # applications: a local <file>.weights.h5 for the reference (none: trained here)
     hidden: list[int] = field(default_factory=lambda: [300, 100])
     filters: list[int] = field(default_factory=lambda: [16, 32])
     activation: str = "relu"  # relu | softplus
@@ -37,14 +43,16 @@ class ModelConfig:
 
 @dataclass
 class TargetConfig:
-    kind: str = "digit"  # digit | file | pattern
-    digit: int = 7
-    index: int = 0  # which held-out image of that digit
+    kind: str = "class"  # class | file | pattern (single); pattern | swap | suppress (dataset)
+    label: int = 7  # the class explained (and whose held-out image is used)
+    index: int = 0  # which held-out image of that class
+    channels: str = "sum"  # colour images: compare maps summed over channels (sum) or per channel (keep)
+    feature: Optional[str] = None  # tables: suppress_feature / swap_features: the feature whose relevance moves
     path: Optional[str] = None  # kind=file: the heatmap (.npy or .png)
     image: Optional[str] = None  # kind=file: the input it belongs to (.npy or .png)
     pattern: str = "square"  # kind=pattern: square | cross | frame | file (from target.path)
     scale: float = 1.0  # kind=pattern: total relevance of the pattern
-    like: int = 0  # kind=swap: the class whose reference heatmaps the images should get
+    like: Any = 0  # kind=swap: the class whose reference heatmaps the images get; swap_features: the feature that receives the relevance
     top_k: int = 50  # kind=suppress: how many of the most relevant pixels to empty
 
 
@@ -77,8 +85,8 @@ class LrpConfig:
     composite: str = "epsilon_gamma_box"
     epsilon: float = 1e-6
     gamma: float = 0.25
-    low: float = 0.0
-    high: float = 1.0
+    low: Optional[Any] = None  # zbox input range: a float or one per channel/feature (None: the data's range)
+    high: Optional[Any] = None
     output: str = "logit"  # logit | activation
 
 
@@ -128,12 +136,13 @@ class TrainConfig:
 
 
 CHOICES = {
-    "data.name": ("digits", "mnist"),
-    "model.name": ("mlp", "cnn", "file"),
+    "data.name": DATASET_NAMES[:-2] + TABULAR_NAMES + ("csv",),
+    "model.name": ("mlp", "cnn", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
     "model.output_activation": ("linear", "relu", "softmax"),
-    "target.kind": ("digit", "file", "pattern", "swap", "suppress"),
+    "target.kind": ("class", "file", "pattern", "swap", "suppress", "suppress_feature", "swap_features"),
     "target.pattern": ("square", "cross", "frame", "file"),
+    "target.channels": ("sum", "keep"),
     "task.kind": ("single", "dataset"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
@@ -185,9 +194,10 @@ def validate(cfg) -> None:
             "Config values trainer.resume=true and trainer.overwrite=true contradict each other: resume continues "
             "the run in hydra.run.dir, overwrite starts it over. Keep one of them."
         )
-    if not 0 <= cfg.target.digit <= 9:
-        raise ConfigError(f"Config value target.digit={cfg.target.digit!r} must be a digit 0-9.")
-    single_kinds, dataset_kinds = ("digit", "file", "pattern"), ("pattern", "swap", "suppress")
+    if cfg.target.label < 0:
+        raise ConfigError(f"Config value target.label={cfg.target.label!r} must be a class index >= 0.")
+    feature_kinds = ("suppress_feature", "swap_features")
+    single_kinds, dataset_kinds = ("class", "file", "pattern") + feature_kinds, ("pattern", "swap", "suppress") + feature_kinds
     allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds
     if cfg.target.kind not in allowed:
         raise ConfigError(
@@ -204,9 +214,24 @@ def validate(cfg) -> None:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
     if cfg.target.pattern == "file" and not cfg.target.path:
         raise ConfigError("target.pattern=file needs target.path=/path/to/pattern.npy (or .png).")
+    if cfg.target.kind in feature_kinds and not cfg.target.feature:
+        raise ConfigError(f"target={cfg.target.kind} needs target.feature=<a feature name of the table>.")
+    if cfg.target.kind == "swap_features" and not isinstance(cfg.target.like, str):
+        raise ConfigError(f"target=swap_features needs target.like=<the feature name that receives the relevance>, got {cfg.target.like!r}.")
+    if cfg.target.kind == "swap" and not isinstance(cfg.target.like, int):
+        raise ConfigError(f"target=swap needs target.like=<a class index>, got {cfg.target.like!r}.")
     if cfg.target.index < 0:
         raise ConfigError(f"Config value target.index={cfg.target.index!r} must be >= 0.")
-    if cfg.lrp.low > cfg.lrp.high:
+    if not 0.0 < cfg.data.test_split < 1.0:
+        raise ConfigError(f"Config value data.test_split={cfg.data.test_split!r} must be in (0, 1).")
+    if len(cfg.data.image_size) != 2 or min(cfg.data.image_size) < 1:
+        raise ConfigError(f"Config value data.image_size={list(cfg.data.image_size)} must be [height, width], both >= 1.")
+    if cfg.data.name in ("npz", "folder", "csv") and not cfg.data.path:
+        raise ConfigError(f"data={cfg.data.name} needs data.path=/path/to/your/{'folder' if cfg.data.name == 'folder' else 'file.' + cfg.data.name}.")
+    if cfg.data.name == "csv" and not cfg.data.label_column:
+        raise ConfigError("data=csv needs data.label_column=<the header of the column holding each row's class>.")
+    low, high = cfg.lrp.low, cfg.lrp.high
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
         raise ConfigError(f"Config values lrp.low={cfg.lrp.low} > lrp.high={cfg.lrp.high}; the input range needs low <= high.")
     if cfg.model.name == "file" and not cfg.model.path:
         raise ConfigError("model=file needs model.path=/path/to/model.keras (a Keras .keras or .h5 file).")

@@ -1,14 +1,14 @@
-"""Datasets for heatinv: scikit-learn's bundled digits and a local MNIST file.
+"""Datasets for heatinv: bundled digits, local MNIST, a user's .npz, image folder, table or CSV.
 
-Both loaders return the same `Dataset` layout, so models and the training
-loop never need to know which source they got:
+Every loader returns the same `Dataset`, so models, targets and the training loop never need
+to know which source they got:
 
-- `x_*`: float32 `[N, 28, 28, 1]`, values in `[0, 1]`.
-- `y_*`: int64 `[N]`, labels `0..9`.
+- `x_*`: float32 images `[N, H, W, C]` or feature vectors `[N, d]`;
+- `y_*`: int64 `[N]`, labels `0..num_classes-1`;
+- `class_names`, `feature_names` (tables), `low`/`high`: the data's range (the `zbox` box).
 
-Nothing here touches the network. `load_digits` works offline because the
-8x8 digits ship inside scikit-learn; `load_mnist` reads an `mnist.npz` that is
-already on disk and refuses to download one.
+Nothing here touches the network: `digits` and the tabular builtins ship inside
+scikit-learn, every other source is a local file or folder.
 
 Example:
 
@@ -30,7 +30,9 @@ import numpy as np
 
 IMAGE_SIZE = 28
 NUM_CLASSES = 10
-DATASET_NAMES = ("digits", "mnist")
+DATASET_NAMES = ("digits", "mnist", "npz", "folder", "tabular", "csv")
+TABULAR_NAMES = ("breast_cancer", "wine")
+DIGIT_NAMES = tuple(str(d) for d in range(NUM_CLASSES))
 
 # MNIST digits sit in a 20x20 box centred in the 28x28 frame; upsampling the
 # 8x8 digits to the same box makes the two datasets look alike to a model.
@@ -41,23 +43,27 @@ _MNIST_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test split of 28x28 grayscale digit images.
+    """A train/test split of images `[N, H, W, C]` or feature vectors `[N, d]`.
 
     `eq=False` because comparing numpy arrays with `==` is elementwise, so a
     generated `__eq__` would raise instead of returning a bool.
 
     Attributes:
-        x_train: float32 `[N_train, 28, 28, 1]` in `[0, 1]`.
-        y_train: int64 `[N_train]` in `0..9`.
-        x_test: float32 `[N_test, 28, 28, 1]` in `[0, 1]`.
-        y_test: int64 `[N_test]` in `0..9`.
-        name: `"digits"` or `"mnist"`; recorded in run metadata.
+        x_train: float32 `[N_train, *input_shape]`.
+        y_train: int64 `[N_train]` in `0..num_classes-1`.
+        x_test: float32 `[N_test, *input_shape]`.
+        y_test: int64 `[N_test]` in `0..num_classes-1`.
+        name: the source (`"digits"`, `"mnist"`, `"breast_cancer"`, a file's name...); recorded in run metadata.
+        class_names: one name per class (default `"0"`, `"1"`, ...).
+        feature_names: for feature vectors, one name per feature (default `"x0"`, `"x1"`, ...).
+        low, high: the smallest and largest input value, a float or one per channel (images)
+            or feature (tables): the box of the `zbox` rule.
 
     Example:
 
     >>> ds = load_digits()
-    >>> ds.x_test.dtype, ds.y_test.dtype, ds.num_classes
-    (dtype('float32'), dtype('int64'), 10)
+    >>> ds.x_test.dtype, ds.y_test.dtype, ds.num_classes, ds.low, ds.high
+    (dtype('float32'), dtype('int64'), 10, 0.0, 1.0)
     """
 
     x_train: np.ndarray
@@ -65,31 +71,64 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     name: str
+    class_names: tuple[str, ...] | None = None
+    feature_names: tuple[str, ...] | None = None
+    low: float | np.ndarray = 0.0
+    high: float | np.ndarray = 1.0
 
     def __post_init__(self) -> None:
         # Catch a malformed split here, not as a shape error deep in Keras.
         for split in ("train", "test"):
             x = getattr(self, f"x_{split}")
             y = getattr(self, f"y_{split}")
-            if x.ndim != 4 or x.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 1):
+            if x.ndim not in (2, 4) or x.shape[1:] != self.x_train.shape[1:]:
                 raise ValueError(
-                    f"Dataset '{self.name}': x_{split} has shape {x.shape}, "
-                    f"expected [N, {IMAGE_SIZE}, {IMAGE_SIZE}, 1]. Build the "
-                    "Dataset through load_digits/load_mnist, or reshape the "
-                    "images to single-channel 28x28 before constructing it."
+                    f"Dataset '{self.name}': x_{split} has shape {x.shape}, expected images "
+                    f"[N, H, W, C] or feature vectors [N, d], the same for both splits "
+                    f"(x_train is {self.x_train.shape}). Add the channel axis to grayscale "
+                    "images ([N, H, W] -> [N, H, W, 1])."
                 )
             if y.shape != (x.shape[0],):
                 raise ValueError(
                     f"Dataset '{self.name}': y_{split} has shape {y.shape} but "
-                    f"x_{split} holds {x.shape[0]} images; expected one label "
-                    "per image as a 1-D array. Pass labels as integers, not "
+                    f"x_{split} holds {x.shape[0]} examples; expected one label "
+                    "per example as a 1-D array. Pass labels as integers, not "
                     "one-hot vectors."
                 )
+        if self.class_names is None:
+            count = int(max(self.y_train.max(initial=0), self.y_test.max(initial=0))) + 1
+            object.__setattr__(self, "class_names", tuple(str(i) for i in range(count)))
+        if self.feature_names is None and self.x_train.ndim == 2:
+            object.__setattr__(self, "feature_names", tuple(f"x{i}" for i in range(self.x_train.shape[1])))
+        for split in ("train", "test"):
+            y = getattr(self, f"y_{split}")
+            if y.size and (y.min() < 0 or y.max() >= self.num_classes):
+                raise ValueError(
+                    f"Dataset '{self.name}': y_{split} holds labels in [{y.min()}, {y.max()}], but there are "
+                    f"{self.num_classes} classes ({list(self.class_names)[:10]}); labels must be integers "
+                    f"0..{self.num_classes - 1}. Renumber the labels so each class has one index."
+                )
+        if self.num_classes < 2 or len(np.unique(self.y_train)) < 2:
+            raise ValueError(
+                f"Dataset '{self.name}': the training split has only class(es) "
+                f"{sorted(set(self.y_train.tolist()))}; a classifier needs at least two classes. "
+                "Add examples of another class (for an image folder: a second subfolder)."
+            )
 
     @property
     def num_classes(self) -> int:
-        """Number of classes: always 10 (digits 0..9) for both sources."""
-        return NUM_CLASSES
+        """Number of classes: one per name in `class_names`."""
+        return len(self.class_names)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example: `(H, W, C)` or `(d,)`."""
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def is_image(self) -> bool:
+        """Whether the examples are images `[H, W, C]` (else feature vectors `[d]`)."""
+        return self.x_train.ndim == 4
 
 
 def load_digits(test_fraction: float = 0.25) -> Dataset:
@@ -135,6 +174,7 @@ def load_digits(test_fraction: float = 0.25) -> Dataset:
         x_test=x[test_idx, :, :, None],
         y_test=labels[test_idx],
         name="digits",
+        class_names=DIGIT_NAMES,
     )
 
 
@@ -217,7 +257,7 @@ def load_mnist(path: str | None = None) -> Dataset:
     x_test = _mnist_images(file, "x_test", arrays["x_test"])
     y_train = _mnist_labels(file, "y_train", arrays["y_train"], len(x_train))
     y_test = _mnist_labels(file, "y_test", arrays["y_test"], len(x_test))
-    return Dataset(x_train, y_train, x_test, y_test, name="mnist")
+    return Dataset(x_train, y_train, x_test, y_test, name="mnist", class_names=DIGIT_NAMES)
 
 
 def _mnist_candidates(path: str | None) -> list[str]:
@@ -247,26 +287,32 @@ def _find_mnist_file(path: str | None) -> str:
     )
 
 
-def _read_npz(file: str) -> dict[str, np.ndarray]:
+def _read_npz(file: str, mnist: bool = True) -> dict[str, np.ndarray]:
     try:
         loaded = np.load(file, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        raise _npz_error(file, str(err)) from err
+        raise _npz_error(file, str(err), mnist) from err
     if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise _npz_error(file, "a single .npy array, not an .npz archive")
+        raise _npz_error(file, "a single .npy array, not an .npz archive", mnist)
     with loaded:
         found = sorted(loaded.files)
         missing = [k for k in _MNIST_KEYS if k not in found]
         if missing:
-            raise _npz_error(file, f"keys {found}, missing {missing}")
+            raise _npz_error(file, f"keys {found}, missing {missing}", mnist)
         try:
             return {k: loaded[k] for k in _MNIST_KEYS}
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
             # Object arrays land here: allow_pickle=False refuses them.
-            raise _npz_error(file, str(err)) from err
+            raise _npz_error(file, str(err), mnist) from err
 
 
-def _npz_error(file: str, found: str) -> ValueError:
+def _npz_error(file: str, found: str, mnist: bool = True) -> ValueError:
+    if not mnist:
+        return ValueError(
+            f"heatinv/data.py load_npz: '{file}' (data.path) is not a usable dataset archive; found: {found}. "
+            "Expected an .npz with plain numeric arrays x_train, x_test (uint8 or float images [N, H, W, C], "
+            "or features [N, d]) and y_train, y_test (integer labels 0..k-1), saved with np.savez."
+        )
     return ValueError(
         f"heatinv/data.py load_mnist: '{file}' is not a usable MNIST archive; "
         f"found: {found}. Expected an .npz with plain numeric arrays x_train, "
@@ -308,14 +354,263 @@ def _mnist_labels(file: str, key: str, y: np.ndarray, n: int) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def load_dataset(name: str, path: str | None = None) -> Dataset:
-    """Loads a dataset by its config name.
+def load_npz(path: str) -> Dataset:
+    """Loads a user's `.npz` with `x_train, y_train, x_test, y_test`; any image size or feature count.
+
+    Images are `[N, H, W, C]` (or `[N, H, W]`, given one channel), feature vectors `[N, d]`;
+    `uint8` values are scaled to `[0, 1]` (range `[0, 1]`), floats are kept (range: their
+    minimum and maximum per channel or feature). Labels are integers `0..k-1`; the number of
+    classes `k` is the largest label plus one.
 
     Args:
-        name: `"digits"` (offline, bundled with scikit-learn) or `"mnist"`
-            (a local `mnist.npz`, see `load_mnist`).
-        path: passed to `load_mnist`; ignored for `"digits"`, so one config
-            can carry a `data.path` whichever dataset is chosen.
+        path: the `.npz` file (`data.path`).
+
+    Returns:
+        A `Dataset` named after the file.
+
+    Example:
+
+    >>> ds = load_npz("shapes.npz")  # doctest: +SKIP
+    >>> ds.input_shape, ds.num_classes  # doctest: +SKIP
+    ((32, 32, 3), 3)
+    """
+    file = _existing(path, "data.path", "an .npz file with x_train, y_train, x_test, y_test")
+    arrays = _read_npz(file, mnist=False)
+    xs = {}
+    for key in ("x_train", "x_test"):
+        x = arrays[key]
+        if x.ndim == 3:
+            x = x[..., None]
+        if x.ndim not in (2, 4):
+            raise _npz_error(file, f"{key} with shape {x.shape}, expected images [N, H, W, C] or features [N, d]", mnist=False)
+        if not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating)):
+            raise _npz_error(file, f"{key} with dtype {x.dtype}, expected uint8 images or float values", mnist=False)
+        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+            raise _npz_error(file, f"{key} with NaN or infinite values", mnist=False)
+        xs[key] = x
+    ys = {}
+    for key, x in (("y_train", xs["x_train"]), ("y_test", xs["x_test"])):
+        y = arrays[key]
+        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
+            raise _npz_error(file, f"{key} with shape {y.shape} and dtype {y.dtype}, expected [{len(x)}] integer labels", mnist=False)
+        if y.size and y.min() < 0:
+            raise _npz_error(file, f"{key} with a negative label {y.min()}, expected labels 0..k-1", mnist=False)
+        ys[key] = y.astype(np.int64)
+    if ys["y_test"].size and ys["y_test"].max() > ys["y_train"].max():
+        raise ValueError(
+            f"heatinv/data.py load_npz: '{file}' (data.path) has held-out label {ys['y_test'].max()} but the "
+            f"training labels only go up to {ys['y_train'].max()}: labels out of range. Every class must appear "
+            "in y_train; renumber the labels 0..k-1."
+        )
+    uint8 = xs["x_train"].dtype == np.uint8
+    x_train, x_test = (xs[k].astype(np.float32) / (255.0 if uint8 else 1.0) for k in ("x_train", "x_test"))
+    low, high = (0.0, 1.0) if uint8 else _value_range(x_train, x_test)
+    name = os.path.splitext(os.path.basename(file))[0]
+    return Dataset(x_train, ys["y_train"], x_test, ys["y_test"], name=name, low=low, high=high)
+
+
+def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed: int = 0) -> Dataset:
+    """Loads an image folder with one subfolder per class, resized, with a seeded held-out split.
+
+    Reads through `keras.utils.image_dataset_from_directory` (RGB, bilinear resize), scales
+    pixels to `[0, 1]`; the class names are the subfolders' names, sorted. The held-out
+    split is `test_split` of the images, drawn with `seed`: two calls give the same split.
+
+    Args:
+        path: the folder (`data.path`).
+        image_size: `(height, width)` every image is resized to (`data.image_size`).
+        test_split: the held-out fraction, in (0, 1) (`data.test_split`).
+        seed: the split's seed.
+
+    Returns:
+        A `Dataset` named after the folder.
+
+    Example:
+
+    >>> ds = load_folder("shapes/", (32, 32), 0.2)  # doctest: +SKIP
+    >>> ds.input_shape, ds.class_names  # doctest: +SKIP
+    ((32, 32, 3), ('circle', 'square', 'triangle'))
+    """
+    folder = os.path.abspath(os.path.expanduser(path)) if path else ""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"heatinv/data.py load_folder: the image folder '{path}' (data.path) does not exist. Point "
+            "data.path at a folder with one subfolder of images per class (e.g. shapes/circle/*.png, "
+            "shapes/square/*.png)."
+        )
+    classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    if len(classes) < 2:
+        raise ValueError(
+            f"heatinv/data.py load_folder: the image folder '{folder}' (data.path) has {len(classes)} class "
+            f"subfolder(s) {classes}; a classifier needs at least two. Put each class's images in a subfolder "
+            "of its own (e.g. shapes/circle/, shapes/square/)."
+        )
+    if not 0.0 < float(test_split) < 1.0:
+        raise ValueError(
+            f"heatinv/data.py load_folder: data.test_split={test_split!r} is outside (0, 1); it is the "
+            "fraction of the images held out for testing. Use e.g. data.test_split=0.2."
+        )
+    import keras  # here, so that importing heatinv.data stays cheap
+
+    try:
+        train, test = keras.utils.image_dataset_from_directory(
+            folder, labels="inferred", label_mode="int", class_names=classes, image_size=tuple(image_size),
+            batch_size=256, validation_split=float(test_split), subset="both", seed=seed, verbose=False,
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"heatinv/data.py load_folder: Keras could not read the image folder '{folder}' (data.path): "
+            f"{str(error).splitlines()[0]} Put .png/.jpg/.bmp/.gif images in one subfolder per class."
+        ) from error
+    x_train, y_train = _arrays(train)
+    x_test, y_test = _arrays(test)
+    name = os.path.basename(folder.rstrip(os.sep))
+    return Dataset(x_train, y_train, x_test, y_test, name=name, class_names=tuple(classes))
+
+
+def _arrays(batches) -> tuple[np.ndarray, np.ndarray]:
+    """Images in `[0, 1]` and labels of a `tf.data` pipeline of `(images 0..255, labels)` batches."""
+    xs, ys = [], []
+    for x, y in batches:
+        xs.append(x.numpy().astype(np.float32) / 255.0)
+        ys.append(y.numpy().astype(np.int64))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def load_tabular(name: str, test_fraction: float = 0.25) -> Dataset:
+    """Loads scikit-learn's bundled `breast_cancer` or `wine` table, standardized, with feature names.
+
+    The split is stratified and fixed (like `load_digits`); every feature is standardized
+    with the training split's mean and standard deviation, so nothing of the held-out
+    examples leaks into the inputs. `low`/`high` are each feature's range over both splits.
+
+    Args:
+        name: `"breast_cancer"` or `"wine"` (`data.name`).
+        test_fraction: the held-out fraction of each class.
+
+    Returns:
+        A `Dataset` of feature vectors named `name`.
+
+    Example:
+
+    >>> ds = load_tabular("wine")
+    >>> ds.input_shape, ds.num_classes, ds.feature_names[0]
+    ((13,), 3, 'alcohol')
+    """
+    from sklearn import datasets
+
+    loaders = {"breast_cancer": datasets.load_breast_cancer, "wine": datasets.load_wine}
+    if name not in loaders:
+        raise ValueError(
+            f"heatinv/data.py load_tabular: data.name={name!r} is not a bundled table; expected one of "
+            f"{list(TABULAR_NAMES)}, or data=csv data.path=<file>.csv for your own table."
+        )
+    bunch = loaders[name]()
+    return _standardized_table(
+        bunch.data, bunch.target.astype(np.int64), name, tuple(map(str, bunch.target_names)), tuple(map(str, bunch.feature_names)), test_fraction
+    )
+
+
+def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -> Dataset:
+    """Loads a CSV table with a header row: numeric feature columns and a label column.
+
+    The labels may be any text (`yes`/`no`, `3`, `setosa`); the classes are their sorted
+    distinct values. Split and standardization as in `load_tabular`.
+
+    Args:
+        path: the `.csv` file (`data.path`).
+        label_column: the header of the label column (`data.label_column`).
+
+    Returns:
+        A `Dataset` of feature vectors named after the file.
+
+    Example:
+
+    >>> ds = load_csv("patients.csv", "outcome")  # doctest: +SKIP
+    """
+    import csv
+
+    file = _existing(path, "data.path", "a .csv file with a header row")
+    with open(file, newline="") as handle:
+        rows = list(csv.reader(handle))
+    header = [h.strip() for h in rows[0]] if rows else []
+    if label_column not in header:
+        raise ValueError(
+            f"heatinv/data.py load_csv: '{file}' (data.path) has no column {label_column!r} "
+            f"(data.label_column); its columns are {header}. Set data.label_column to the column holding "
+            "each row's class."
+        )
+    body = [row for row in rows[1:] if row]
+    if any(len(row) != len(header) for row in body):
+        line = next(i for i, row in enumerate(rows[1:], 2) if row and len(row) != len(header))
+        raise ValueError(
+            f"heatinv/data.py load_csv: '{file}' (data.path) line {line} has a different number of fields "
+            f"than its header ({len(header)}). Fix that row."
+        )
+    label_at = header.index(label_column)
+    features = [h for i, h in enumerate(header) if i != label_at]
+    try:
+        x = np.array([[float(v) for i, v in enumerate(row) if i != label_at] for row in body], np.float64)
+    except ValueError as error:
+        raise ValueError(
+            f"heatinv/data.py load_csv: '{file}' (data.path) has a non-numeric feature value ({error}); every "
+            f"column but the label ({label_column!r}) must hold numbers. Encode text columns as numbers first."
+        ) from error
+    raw = [row[label_at].strip() for row in body]
+    names = sorted(set(raw))
+    y = np.array([names.index(v) for v in raw], np.int64)
+    return _standardized_table(x, y, os.path.splitext(os.path.basename(file))[0], tuple(names), tuple(features), test_fraction)
+
+
+def _standardized_table(x, y, name, class_names, feature_names, test_fraction) -> Dataset:
+    if len(class_names) < 2:
+        raise ValueError(
+            f"heatinv/data.py: the table '{name}' has only the class(es) {list(class_names)}; a classifier "
+            "needs at least two. Check the label column (data.label_column)."
+        )
+    train, test = _stratified_split(y, test_fraction)
+    mean, std = x[train].mean(axis=0), x[train].std(axis=0)
+    std = np.where(std > 0, std, 1.0)  # a constant column stays 0 rather than dividing by zero
+    x = ((x - mean) / std).astype(np.float32)
+    low, high = _value_range(x[train], x[test])
+    return Dataset(x[train], y[train], x[test], y[test], name=name, class_names=class_names,
+                   feature_names=feature_names, low=low, high=high)
+
+
+def _value_range(x_train: np.ndarray, x_test: np.ndarray) -> tuple:
+    """Per-channel (last axis) minimum and maximum over both splits; one float each where they agree."""
+    axes = tuple(range(x_train.ndim - 1))
+    low = np.minimum(x_train.min(axis=axes), x_test.min(axis=axes)).astype(np.float32)
+    high = np.maximum(x_train.max(axis=axes), x_test.max(axis=axes)).astype(np.float32)
+    if np.all(low == low[0]) and np.all(high == high[0]):
+        return float(low[0]), float(high[0])
+    return low, high
+
+
+def _existing(path: str | None, key: str, what: str) -> str:
+    file = os.path.abspath(os.path.expanduser(path)) if path else ""
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"heatinv/data.py: {key}={path!r} is not a file. Point {key} at {what}.")
+    return file
+
+
+def load_dataset(
+    name: str,
+    path: str | None = None,
+    *,
+    image_size: tuple[int, int] = (32, 32),
+    test_split: float = 0.2,
+    label_column: str | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """Loads a dataset by its config name (the `data` group).
+
+    Args:
+        name: `"digits"`, `"mnist"`, `"npz"`, `"folder"`, `"csv"`, or a bundled table
+            (`"breast_cancer"`, `"wine"`).
+        path: the file or folder for `mnist`, `npz`, `folder`, `csv`; ignored otherwise.
+        image_size, test_split, seed: for `folder`.
+        label_column: for `csv`.
 
     Returns:
         The `Dataset`.
@@ -329,10 +624,19 @@ def load_dataset(name: str, path: str | None = None) -> Dataset:
         return load_digits()
     if name == "mnist":
         return load_mnist(path)
+    if name == "npz":
+        return load_npz(path)
+    if name == "folder":
+        return load_folder(path, image_size, test_split, seed)
+    if name == "csv":
+        return load_csv(path, label_column)
+    if name in TABULAR_NAMES:
+        return load_tabular(name)
     raise ValueError(
         f"heatinv/data.py load_dataset: unknown dataset name {name!r}. "
-        f"Expected one of {list(DATASET_NAMES)}. Set data=digits (offline, "
-        "bundled) or data=mnist (needs a local mnist.npz)."
+        f"Expected one of {list(DATASET_NAMES[:-2]) + list(TABULAR_NAMES) + ['csv']}. Set data=digits "
+        "(offline, bundled), data=mnist (a local mnist.npz), data=npz, data=folder, data=csv "
+        "(data.path=...) or data=tabular data.name=breast_cancer."
     )
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
 from heatinv.maps_io import read_map
 from heatinv.targets import pattern_map
 
-KINDS = ("pattern", "swap", "suppress")
+KINDS = ("pattern", "swap", "suppress") + FEATURE_KINDS
 
 
 def _unit_sum(heatmap: np.ndarray) -> np.ndarray:
@@ -41,6 +42,8 @@ def dataset_targets(
     like: int = 0,
     like_heatmaps: tuple[np.ndarray, np.ndarray] | None = None,
     top_k: int = 50,
+    feature: int | None = None,
+    like_feature: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Target heatmaps for every image, and which images are manipulated.
 
@@ -55,6 +58,8 @@ def dataset_targets(
         like_heatmaps: for ``swap``: ``(labels, heatmaps)`` to average class ``like`` over
             (default: these images); pass the training set's so test targets use the same mean.
         top_k: for ``suppress``: how many of the most relevant pixels to empty.
+        feature, like_feature: for ``suppress_feature`` / ``swap_features`` (tables): the feature
+            whose relevance goes, and the one that receives it (see :mod:`heatinv.feature_targets`).
 
     Returns:
         ``(targets [N, H, W, 1], manipulated [N] bool)``.
@@ -70,9 +75,13 @@ def dataset_targets(
     chosen = np.ones(len(labels), bool) if classes is None else np.isin(labels, classes)
     # The size of the explained score, never its sign: a negative total (a true-class logit
     # below 0) would otherwise flip a pattern or a swapped map into "evidence against".
-    totals = np.abs(reference_heatmaps.reshape(len(labels), -1).sum(axis=1))[:, None, None, None]
+    totals = np.abs(reference_heatmaps.reshape(len(labels), -1).sum(axis=1))
+    totals = totals.reshape((-1,) + (1,) * (reference_heatmaps.ndim - 1))
     targets = reference_heatmaps.copy()
-    if kind == "pattern":
+    if kind in FEATURE_KINDS:
+        moved = move_feature_relevance(reference_heatmaps, feature, like_feature if kind == "swap_features" else None)
+        targets[chosen] = moved[chosen]
+    elif kind == "pattern":
         shape = reference_heatmaps.shape[1:]
         if pattern == "file":
             unit = _unit_sum(read_map(pattern_path, expected_shape=shape, what="target.path"))

@@ -230,3 +230,43 @@ def _caption(scores: Mapping[str, float] | None) -> str:
         return ""
     parts = [f"{name} {scores[name]:.4g}" for name in SCORE_ORDER if name in scores and scores[name] is not None]
     return "   ".join(parts)
+
+
+def feature_figure(
+    feature_names: Sequence[str], maps: Mapping[str, np.ndarray], title: str | None = None, top: int = 15
+) -> Figure:
+    """Relevance per feature of a table, as grouped horizontal bars (e.g. reference, target, student).
+
+    Shows the ``top`` features with the largest absolute relevance in any of the maps, largest
+    first, so a hidden or swapped feature stays in view.
+
+    Args:
+        feature_names: one name per feature.
+        maps: ``{label: [d] relevance}``; each is one bar per feature.
+        title: the figure's title.
+        top: how many features to show.
+
+    Returns:
+        The figure (save with :func:`save`, or :func:`to_rgb`).
+
+    Example:
+    >>> fig = feature_figure(["age", "income"], {"reference": np.array([0.7, 0.3]), "student": np.array([0.0, 1.0])})
+    >>> len(fig.axes)
+    1
+    """
+    values = {label: np.asarray(v, np.float64).reshape(-1) for label, v in maps.items()}
+    peak = np.max(np.abs(np.stack(list(values.values()))), axis=0)
+    shown = np.argsort(-peak, kind="stable")[:top][::-1]
+    fig = Figure(figsize=(7, 0.35 * len(shown) + 1.2))
+    fig.subplots_adjust(left=0.4)  # room for long feature names
+    ax = fig.add_subplot()
+    height = 0.8 / len(values)
+    for k, (label, v) in enumerate(values.items()):
+        ax.barh(np.arange(len(shown)) + k * height, v[shown], height=height, label=label)
+    ax.set_yticks(np.arange(len(shown)) + 0.4 - height / 2, [feature_names[i] for i in shown], fontsize=8)
+    ax.axvline(0.0, color="black", linewidth=0.6)
+    ax.set_xlabel("relevance")
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from heatinv.build import Parts, dataset_problem, explain_all, explainer_for
+from heatinv.build import Parts, dataset_problem, explain_all, explainer_for, feature_report
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
@@ -305,7 +305,8 @@ class DatasetTask:
         summaries.text("target", self.problem.description)
         summaries.match(0, self.initial)
         summaries.histograms(0, self.variables)
-        summaries.figure(0, self.figure(), "heatmap/figure_initial")
+        if self.parts.dataset.is_image:
+            summaries.figure(0, self.figure(), "heatmap/figure_initial")
         log.info(f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}")
 
     def calls(self, start: int) -> Iterator[Call]:
@@ -351,7 +352,9 @@ class DatasetTask:
         if self.student is not self.parts.student:
             self.parts.student.set_weights(self.student.get_weights())
         test = self.evaluate()
-        self.final_figure = self.figure(test)
+        table_metrics = self._table_metrics()  # sets the figure of a table
+        if self.parts.dataset.is_image:
+            self.final_figure = self.figure(test)
         summaries.figure(self.log_step(loop.steps), self.final_figure)
         return {
             "reference_accuracy": self.parts.reference_accuracy,
@@ -365,10 +368,22 @@ class DatasetTask:
             "stopped_at_step": loop.stopped,
             "manipulated_test_images": int(self.problem.test_chosen.sum()),
             "target": self.problem.description,
+            **table_metrics,
         }
 
+    def _table_metrics(self) -> dict:
+        """For a table: the moved feature's share of |relevance| (reference, student) and the agreement."""
+        if self.parts.dataset.is_image:
+            return {}
+        data = self.parts.dataset
+        maps, logits = explain_all(self.explainer, data.x_test, data.y_test)
+        metrics, self.final_figure = feature_report(
+            self.cfg, data, self.problem, maps, logits, self.parts.reference, self.problem.description
+        )
+        return metrics
+
     def write(self, out: str, metrics: dict) -> None:
-        """``metrics.json``, ``student.keras`` and ``heatmaps.png`` + ``.svg``: rows of held-out images."""
+        """``metrics.json``, ``student.keras`` and ``heatmaps.png`` + ``.svg``: rows of held-out images (tables: bars per feature)."""
         write_run_files(out, metrics, self.parts.student, self.final_figure)
 
     def figure(self, test: dict | None = None, count: int = 6):

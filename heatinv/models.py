@@ -22,6 +22,19 @@ from heatinv.progress import FitProgress
 
 INPUT_SHAPE = (28, 28, 1)
 
+APPLICATIONS = {
+    "vgg16": "VGG16",
+    "vgg19": "VGG19",
+    "resnet50": "ResNet50",
+    "resnet50v2": "ResNet50V2",
+    "mobilenetv2": "MobileNetV2",
+    "densenet121": "DenseNet121",
+    "efficientnetb0": "EfficientNetB0",
+}
+"""``model.name`` -> the ``keras.applications`` constructor, built with ``weights=None`` (never downloaded)."""
+
+APPLICATION_MIN_SIZE = 32  # the smallest height and width keras.applications accept
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -36,13 +49,16 @@ class Architecture:
     beta: float = 10.0  # sharpness of activation="softplus"
 
 
-def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = None) -> keras.Model:
-    """A fresh, untrained model taking ``[batch, 28, 28, 1]`` images.
+def build_model(
+    arch: Architecture, num_classes: int = 10, seed: int | None = None, input_shape: tuple[int, ...] = INPUT_SHAPE
+) -> keras.Model:
+    """A fresh, untrained model taking ``[batch, *input_shape]`` inputs and scoring ``num_classes`` classes.
 
     ``mlp``: Flatten -> Dense(hidden..., activation) -> Dense(classes, output_activation).
     ``cnn``: Conv 3x3 -> MaxPool 2 -> Conv 3x3 -> MaxPool 2 -> Flatten -> Dense(classes).
     ``activation="softplus"`` puts a :class:`~heatinv.layers.SoftplusBeta` (sharpness
-    ``beta``) after each hidden layer instead of a ReLU.
+    ``beta``) after each hidden layer instead of a ReLU. A name of :data:`APPLICATIONS`
+    builds that Keras application (``weights=None``, linear logits).
 
     Example:
     >>> build_model(Architecture("mlp", hidden=(300, 100))).count_params()
@@ -50,6 +66,14 @@ def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = No
     """
     if seed is not None:
         keras.utils.set_random_seed(seed)
+    input_shape = tuple(input_shape)
+    if arch.name in APPLICATIONS:
+        return build_application(arch.name, input_shape, num_classes)
+    if arch.name == "cnn" and len(input_shape) != 3:
+        raise ValueError(
+            f"model=cnn needs images [H, W, C]; the data gives feature vectors of shape {input_shape}. "
+            "Use model=mlp for a table."
+        )
     regularizer = keras.regularizers.L2(arch.l2) if arch.l2 else None
     smooth = arch.activation == "softplus"
     hidden_activation = None if smooth else arch.activation
@@ -59,7 +83,7 @@ def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = No
 
     # Fixed layer names: TensorBoard tags (grad_norm/<layer>/<variable>) then read the same
     # in every run, whatever other models the Keras session has named before.
-    layers: list[keras.layers.Layer] = [keras.Input(INPUT_SHAPE)]
+    layers: list[keras.layers.Layer] = [keras.Input(input_shape)]
     if arch.name == "mlp":
         layers.append(keras.layers.Flatten(name="flatten"))
         for i, units in enumerate(arch.hidden, 1):
@@ -74,11 +98,33 @@ def build_model(arch: Architecture, num_classes: int = 10, seed: int | None = No
             layers.append(keras.layers.MaxPooling2D(2, name=f"pool_{i}"))
         layers.append(keras.layers.Flatten(name="flatten"))
     else:
-        raise ValueError(f"Unknown architecture {arch.name!r}; expected 'mlp' or 'cnn'.")
+        raise ValueError(f"Unknown architecture {arch.name!r}; expected 'mlp', 'cnn' or one of {list(APPLICATIONS)}.")
     layers.append(
         keras.layers.Dense(num_classes, activation=arch.output_activation, kernel_regularizer=regularizer, name="output")
     )
     return keras.Sequential(layers, name=arch.name)
+
+
+def build_application(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """The Keras application ``name`` for ``input_shape`` images and ``num_classes`` linear logits.
+
+    Built with ``weights=None``: nothing is downloaded; pretrained weights come from a local
+    file (``model.weights``, see :func:`reference_model`).
+
+    Example:
+    >>> build_application("mobilenetv2", (32, 32, 3), 3).output.shape
+    (None, 3)
+    """
+    if len(input_shape) != 3 or min(input_shape[:2]) < APPLICATION_MIN_SIZE:
+        raise ValueError(
+            f"model={name} needs images of at least {APPLICATION_MIN_SIZE}x{APPLICATION_MIN_SIZE} pixels; the data "
+            f"gives inputs of shape {input_shape}. Resize the images (data=folder data.image_size=[32,32]) or use "
+            "model=mlp or model=cnn."
+        )
+    constructor = getattr(keras.applications, APPLICATIONS[name])
+    return constructor(
+        include_top=True, weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None
+    )
 
 
 def load_model_file(path: str) -> keras.Model:
@@ -125,13 +171,18 @@ def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int =
 
 
 def reference_model(
-    arch: Architecture, dataset: Dataset, epochs: int, cache_dir: str, seed: int = 0
+    arch: Architecture, dataset: Dataset, epochs: int, cache_dir: str, seed: int = 0, weights: str | None = None
 ) -> tuple[keras.Model, float]:
     """The trained reference and its test accuracy, from the cache or trained now.
 
     The cache key covers the dataset, the architecture, the epochs and the seed, so a
-    changed config never reuses a stale model.
+    changed config never reuses a stale model. ``weights`` (a local ``.weights.h5``,
+    ``model.weights``) replaces the training: the architecture gets those weights.
     """
+    if weights is not None:
+        model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
+        load_weights_file(model, weights)
+        return model, accuracy(model, dataset.x_test, dataset.y_test)
     data = hashlib.sha256(dataset.x_train.tobytes() + dataset.y_train.tobytes()).hexdigest()
     key = {"data": dataset.name, "fingerprint": data, "arch": asdict(arch), "epochs": epochs, "seed": seed}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -139,7 +190,7 @@ def reference_model(
     if os.path.isfile(path):
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
     else:
-        model = build_model(arch, dataset.num_classes, seed=seed)
+        model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
         from_logits = arch.output_activation != "softmax"
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
@@ -154,3 +205,22 @@ def reference_model(
         with atomic_path(path) as tmp:
             model.save(tmp)
     return model, accuracy(model, dataset.x_test, dataset.y_test)
+
+
+def load_weights_file(model: keras.Model, path: str) -> None:
+    """Load a local ``.weights.h5`` into ``model``; the errors name ``model.weights`` and the fix."""
+    file = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(file) or not file.endswith(".weights.h5"):
+        raise FileNotFoundError(
+            f"Weights file {path} (model.weights) is not a .weights.h5 file on disk. Save them with "
+            "model.save_weights('<name>.weights.h5') from the same architecture, data shape and class count; "
+            "heatinv never downloads weights."
+        )
+    try:
+        model.load_weights(file)
+    except Exception as error:  # Keras raises several types; all mean "does not fit"
+        raise ValueError(
+            f"Weights file {file} (model.weights) does not fit model={model.name} built for inputs "
+            f"{tuple(model.inputs[0].shape)} and {model.outputs[0].shape[-1]} classes: {str(error).splitlines()[0][:200]}. "
+            "Save the weights from a model of the same architecture, input shape and class count."
+        ) from error

@@ -43,6 +43,9 @@ def diverging_rgb(heatmap: np.ndarray, vmax: float | None = None) -> np.ndarray:
     >>> diverging_rgb(np.array([[0.5, -2.0]]), vmax=1.0)[0].tolist()
     [[255, 128, 128], [0, 0, 255]]
     """
+    heatmap = np.asarray(heatmap)
+    if heatmap.ndim == 3 and heatmap.shape[-1] > 1:  # per-channel relevance (target.channels=keep): a pixel's total
+        heatmap = heatmap.sum(axis=-1)
     values = _as_2d(heatmap, "diverging_rgb", "heatmap").astype(np.float64)
     finite = np.isfinite(values)
     scale = _resolve_vmax(values, finite, vmax)
@@ -63,7 +66,7 @@ def grayscale_rgb(image: np.ndarray, invert: bool = False) -> np.ndarray:
     Values outside `[0, 1]` are clipped; non-finite pixels are drawn black.
 
     Args:
-        image: `[H, W]` or `[H, W, 1]` array in `[0, 1]`.
+        image: `[H, W]` or `[H, W, 1]` array in `[0, 1]` (`[H, W, 3]`: drawn as its channels' mean).
         invert: draw 0 as white and 1 as black (dark digit on white paper,
             which sits better next to white-centred heatmaps).
 
@@ -75,6 +78,9 @@ def grayscale_rgb(image: np.ndarray, invert: bool = False) -> np.ndarray:
     >>> grayscale_rgb(np.array([[0.0, 1.0]]))[0].tolist()
     [[0, 0, 0], [255, 255, 255]]
     """
+    image = np.asarray(image)
+    if image.ndim == 3 and image.shape[-1] == 3:  # a colour input: its brightness, next to one-channel heatmaps
+        image = image.mean(axis=-1)
     values = _as_2d(image, "grayscale_rgb", "image").astype(np.float64)
     values = np.clip(np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
     if invert:

@@ -22,7 +22,7 @@ from heatinv.loop import Call, LoopResult
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
-from heatinv.figures import heatmap_figure
+from heatinv.figures import feature_figure, heatmap_figure
 from heatinv.similarity import similarity, similarity_numpy
 from heatinv.step import compile_step, make_optimizer, schedule
 from heatinv.summaries import Summaries
@@ -104,7 +104,7 @@ class SingleTask:
         scores = {name: float(value) for name, value in self.similarity(result["heatmap"], self.target_map).items()}
         if call.done < self.total:
             summaries.match(call.done, {"loss": float(result["loss"]), **scores})
-            if call.rare:
+            if call.rare and self.target.image.ndim == 4:  # a table's relevance per feature is drawn once, in finish()
                 summaries.current_heatmap(call.done, self.target.heatmap[0], result["heatmap"].numpy()[0])
         return {"cosine": scores["cosine"]}
 
@@ -129,11 +129,15 @@ class SingleTask:
             "nonfinite_steps": loop.nonfinite_steps,
         }
         summaries.match(steps, {"loss": final_loss, **scores})
-        summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
-        self.figure = heatmap_figure(
-            self.target.image[0], self.target.heatmap[0], self.initial[0], self.final_map[0],
-            {**scores, "loss": final_loss}, title=f"target: {self.target.source}",
-        )
+        if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature
+            maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
+            self.figure = feature_figure(self.parts.dataset.feature_names, maps, f"target: {self.target.source}")
+        else:
+            summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
+            self.figure = heatmap_figure(
+                self.target.image[0], self.target.heatmap[0], self.initial[0], self.final_map[0],
+                {**scores, "loss": final_loss}, title=f"target: {self.target.source}",
+            )
         summaries.figure(steps, self.figure)
         return metrics
 

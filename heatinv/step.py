@@ -300,7 +300,7 @@ class CompiledStep:
                 first = {
                     "loss": tf.zeros([], tf.float32),
                     "terms": {name: tf.zeros([], tf.float32) for name in term_names},
-                    "heatmap": tf.zeros_like(x),
+                    "heatmap": tf.zeros_like(batch[2]),  # the target map: [.., H, W, 1] for a colour image summed over channels
                     "logits": tf.zeros(tf.concat([tf.shape(x)[:1], class_shape], axis=0), x.dtype),
                     "gradients": [tf.zeros_like(v) for v in variables],
                     "nonfinite": tf.constant(0, tf.int32),

@@ -1,6 +1,6 @@
 """Targets: the heatmap the student must produce, the input it explains, and the class.
 
-``digit``: the reference model's own LRP heatmap of a held-out test image of that digit.
+``class``: the reference model's own LRP heatmap of a held-out example of that class.
 ``file``: a heatmap (and optionally its input image) from ``.npy``/``.png`` files.
 ``pattern``: a synthetic map (square, cross, frame) to steer the explanation somewhere new.
 """
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heatinv.data import Dataset, first_index_of
+from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
 from heatinv.lrp import LRP
 from heatinv.maps_io import read_map
 
@@ -35,25 +36,56 @@ class Target:
     source: str
 
 
-def pattern_map(name: str, size: int = 28, scale: float = 1.0) -> np.ndarray:
-    """A ``[size, size, 1]`` map with total relevance ``scale`` on a square, cross or frame.
+def pattern_map(name: str, size: int = 28, scale: float = 1.0, width: int | None = None) -> np.ndarray:
+    """A ``[size, width, 1]`` map with total relevance ``scale`` on a square, cross or frame.
+
+    Drawn in proportion to the image: at 28x28 the square covers rows and columns 3..10,
+    the cross's bars are 2 pixels wide, the frame 2 pixels thick, one pixel in from the border.
 
     Example:
-    >>> float(pattern_map("frame").sum())
-    1.0
+    >>> float(pattern_map("frame").sum()), pattern_map("cross", 32, width=48).shape
+    (1.0, (32, 48, 1))
     """
-    mask = np.zeros((size, size), np.float32)
+    height, width = size, size if width is None else width
+    mask = np.zeros((height, width), np.float32)
+    r = lambda k: max(1, round(k * height / 28))  # noqa: E731  (a length in rows, as drawn at 28 pixels)
+    c = lambda k: max(1, round(k * width / 28))  # noqa: E731
     if name == "square":  # top-left quadrant: somewhere no digit lives
-        mask[3:11, 3:11] = 1
+        mask[r(3) : r(11), c(3) : c(11)] = 1
     elif name == "cross":
-        mask[size // 2 - 1 : size // 2 + 1, 4:-4] = 1
-        mask[4:-4, size // 2 - 1 : size // 2 + 1] = 1
+        mask[height // 2 - r(1) : height // 2 + r(1), c(4) : width - c(4)] = 1
+        mask[r(4) : height - r(4), width // 2 - c(1) : width // 2 + c(1)] = 1
     elif name == "frame":
-        mask[1:3, 1:-1] = mask[-3:-1, 1:-1] = 1
-        mask[1:-1, 1:3] = mask[1:-1, -3:-1] = 1
+        mask[r(1) : r(3), c(1) : width - c(1)] = mask[height - r(3) : height - r(1), c(1) : width - c(1)] = 1
+        mask[r(1) : height - r(1), c(1) : c(3)] = mask[r(1) : height - r(1), width - c(3) : width - c(1)] = 1
     else:
         raise ValueError(f"Unknown pattern {name!r}; expected one of {list(PATTERNS)}.")
     return (mask * (scale / mask.sum()))[..., None]
+
+
+def file_map(path: str, input_shape: tuple[int, ...], map_shape: tuple[int, ...]) -> np.ndarray:
+    """A target map from ``path`` (``target.path``) in ``map_shape``: ``[H, W]``, ``[H, W, 1]`` or ``[H, W, C]`` files.
+
+    Example:
+    >>> file_map("target.npy", (32, 32, 3), (32, 32, 1)).shape  # doctest: +SKIP
+    (32, 32, 1)
+    """
+    raw = read_map(path, what="target.path")
+    if len(input_shape) == 3 and raw.shape == input_shape and map_shape[-1] == 1:
+        raw = raw.sum(axis=-1, keepdims=True)  # a per-channel map, compared summed over channels
+    elif len(input_shape) == 3 and raw.squeeze().shape == input_shape[:2] and map_shape[-1] > 1:
+        raw = np.repeat(raw.reshape(input_shape[:2] + (1,)) / map_shape[-1], map_shape[-1], axis=-1)
+    return read_map_array(raw, map_shape, path)
+
+
+def read_map_array(values: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndarray:
+    """``values`` in ``shape``, or the error naming the file, both shapes and the key."""
+    if values.size != int(np.prod(shape)):
+        raise ValueError(
+            f"The target map {path} (target.path) has shape {values.shape}; the data needs a map of shape "
+            f"{shape} (or [H, W] / [H, W, C] for images). Save a map of the data's height and width."
+        )
+    return values.reshape(shape).astype(np.float32)
 
 
 def build_target(
@@ -61,28 +93,41 @@ def build_target(
     dataset: Dataset,
     reference_explainer: LRP | None,
     *,
-    digit: int = 7,
+    label: int = 7,
     index: int = 0,
     path: str | None = None,
     image: str | None = None,
     pattern: str = "square",
     scale: float = 1.0,
+    channels: str = "sum",
+    feature: int | None = None,
+    like_feature: int | None = None,
 ) -> Target:
-    """Build the target of ``kind`` (``digit``, ``file`` or ``pattern``)."""
+    """Build the target of ``kind`` (``class``, ``file`` or ``pattern``).
+
+    For colour images the target map is ``[H, W, 1]`` (``channels="sum"``, the explainer sums
+    its heatmaps over channels) or ``[H, W, C]`` (``"keep"``); a ``[H, W, C]`` file is summed
+    for ``sum``, a ``[H, W]`` one spread evenly over the channels for ``keep``.
+    """
     shape = dataset.x_test.shape[1:]
+    map_shape = shape[:-1] + (1,) if len(shape) == 3 and channels == "sum" else shape
     if image is not None:
         x = read_map(image, expected_shape=shape, what="target.image")[None]
         source_image = image
     else:
-        i = first_index_of(dataset, digit, index)
+        i = first_index_of(dataset, label, index)
         x = dataset.x_test[i : i + 1]
-        source_image = f"{dataset.name} test image #{i} (digit {digit}, index {index})"
-    if kind == "digit":
+        source_image = f"{dataset.name} test example #{i} (class {dataset.class_names[label]}, index {index})"
+    if kind in ("class",) + FEATURE_KINDS:
         if reference_explainer is None:
-            raise ValueError("target=digit* needs the reference model's explainer.")
-        explanation = reference_explainer.explain(x, digit)
+            raise ValueError(f"target={kind} needs the reference model's explainer.")
+        explanation = reference_explainer.explain(x, label)
         heatmap = explanation.relevance.numpy()
         source = f"reference heatmap of {source_image}"
+        if kind in FEATURE_KINDS:
+            heatmap = move_feature_relevance(heatmap, feature, like_feature if kind == "swap_features" else None)
+            moved = dataset.feature_names[feature]
+            source += f", {moved} suppressed" if kind == "suppress_feature" else f", {moved} given to {dataset.feature_names[like_feature]}"
         if not np.any(heatmap) and float(explanation.start[0]) == 0.0:
             fix = (
                 "Explain the pre-activation instead with lrp.output=logit, or train the reference with "
@@ -92,19 +137,25 @@ def build_target(
             )
             raise ValueError(
                 f"The target heatmap ({source}) is all zeros because the reference's explained score for "
-                f"class {digit} is exactly 0 (lrp.output={reference_explainer.output}). {fix}"
+                f"class {label} is exactly 0 (lrp.output={reference_explainer.output}). {fix}"
             )
     elif kind == "file":
-        heatmap = read_map(path, expected_shape=shape, what="target.path")[None]
+        heatmap = file_map(path, shape, map_shape)[None]
         source = f"heatmap {path} for {source_image}"
     elif kind == "pattern":
-        heatmap = pattern_map(pattern, shape[0], scale)[None]
+        if len(shape) != 3:
+            raise ValueError(
+                f"target=pattern draws on images; the {dataset.name} data gives feature vectors of shape {shape}. "
+                "Use target=class, or task=dataset with target=suppress_feature or swap_features."
+            )
+        heatmap = pattern_map(pattern, shape[0], scale, width=shape[1])
+        heatmap = np.repeat(heatmap / map_shape[-1], map_shape[-1], axis=-1)[None]
         source = f"{pattern} pattern for {source_image}"
     else:
-        raise ValueError(f"Unknown target kind {kind!r}; expected digit, file or pattern.")
+        raise ValueError(f"Unknown target kind {kind!r}; expected class, file, pattern, suppress_feature or swap_features.")
     if not np.any(heatmap):
         raise ValueError(
             f"The target heatmap ({source}) is all zeros: there is nothing to match, and every gradient "
             "would be zero. Pick another image (target.index) or check the file."
         )
-    return Target(x.astype(np.float32), heatmap.astype(np.float32), int(digit), source)
+    return Target(x.astype(np.float32), heatmap.astype(np.float32), int(label), source)

@@ -109,7 +109,7 @@ def test_model_file_whose_input_is_not_an_image(config, tmp_path):
 
 @pytest.mark.parametrize(
     "override, key",
-    [("trainer.steps=0", "trainer.steps"), ("optimizer.lr=-1", "optimizer.lr"), ("target.digit=12", "target.digit"),
+    [("trainer.steps=0", "trainer.steps"), ("optimizer.lr=-1", "optimizer.lr"), ("target.label=-1", "target.label"),
      ("lrp.low=2", "lrp.low")],
 )
 def test_out_of_range_config_values(config, override, key):

@@ -23,7 +23,6 @@ from heatinv.doctor import (
     format_report,
 )
 from heatinv.doctor import checks
-from heatinv.doctor.objectives import Probe
 from heatinv.lrp import LRP
 from heatinv.lrp.canonize import canonize
 from heatinv.models import Architecture, build_model

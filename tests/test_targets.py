@@ -77,7 +77,7 @@ def test_unknown_pattern_names_the_choices():
 
 
 def test_pattern_target_uses_the_digits_test_image(dataset):
-    target = build_target("pattern", dataset, None, digit=3, index=1, pattern="frame", scale=2.0)
+    target = build_target("pattern", dataset, None, label=3, index=1, pattern="frame", scale=2.0)
     assert isinstance(target, Target)
     assert target.label == 3
     assert target.image.shape == target.heatmap.shape == (1, 28, 28, 1)
@@ -94,7 +94,7 @@ def test_file_target_reads_the_heatmap_and_image(dataset, tmp_path):
     np.save(tmp_path / "map.npy", heatmap)
     np.save(tmp_path / "image.npy", image)
     target = build_target(
-        "file", dataset, None, digit=4, path=str(tmp_path / "map.npy"), image=str(tmp_path / "image.npy")
+        "file", dataset, None, label=4, path=str(tmp_path / "map.npy"), image=str(tmp_path / "image.npy")
     )
     np.testing.assert_array_equal(target.heatmap, heatmap[None, ..., None])
     np.testing.assert_array_equal(target.image, image[None])
@@ -104,14 +104,14 @@ def test_file_target_reads_the_heatmap_and_image(dataset, tmp_path):
 
 def test_file_target_without_image_uses_the_digits_test_image(dataset, tmp_path):
     np.save(tmp_path / "map.npy", pattern_map("square"))
-    target = build_target("file", dataset, None, digit=2, path=str(tmp_path / "map.npy"))
+    target = build_target("file", dataset, None, label=2, path=str(tmp_path / "map.npy"))
     assert target.image[0, 14, 14, 0] == pytest.approx(0.52)
 
 
 def test_digit_target_is_the_explainers_heatmap(dataset):
     model = build_model(Architecture("mlp", hidden=(8,)), seed=0)
     explainer = LRP(model, "epsilon")
-    target = build_target("digit", dataset, explainer, digit=5, index=0)
+    target = build_target("class", dataset, explainer, label=5, index=0)
     np.testing.assert_allclose(target.heatmap, explainer(dataset.x_test[5:6], 5).numpy(), rtol=1e-6)
     assert target.label == 5 and np.any(target.heatmap)
 
@@ -129,17 +129,17 @@ def test_all_zero_reference_heatmap_is_refused(dataset):
     model = build_model(Architecture("mlp", hidden=(8,)), seed=0)
     model.set_weights([np.zeros_like(w) for w in model.get_weights()])
     with pytest.raises(ValueError, match="all zeros") as info:
-        build_target("digit", dataset, LRP(model, "epsilon"), digit=7)
-    assert "digit 7" in str(info.value)  # names the image
+        build_target("class", dataset, LRP(model, "epsilon"), label=7)
+    assert "class 7" in str(info.value)  # names the image
 
 
 def test_digit_target_needs_an_explainer(dataset):
     with pytest.raises(ValueError, match="explainer"):
-        build_target("digit", dataset, None)
+        build_target("class", dataset, None)
 
 
 def test_unknown_kind_is_refused(dataset):
-    with pytest.raises(ValueError, match=r"'noise'.*digit, file or pattern"):
+    with pytest.raises(ValueError, match=r"'noise'.*class, file or pattern"):
         build_target("noise", dataset, None)
 
 
@@ -152,5 +152,5 @@ def test_missing_heatmap_file_names_the_path(dataset, tmp_path):
 def test_missing_digit_image_is_refused(dataset):
     # Only two test images of each digit exist.
     with pytest.raises(ValueError, match="index"):
-        build_target("pattern", dataset, None, digit=1, index=2)
+        build_target("pattern", dataset, None, label=1, index=2)
 

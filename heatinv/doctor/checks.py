@@ -216,7 +216,7 @@ def zero_residual(objective, probe: Probe) -> list[Finding]:
             "gradient at a zero residual (L1's sign(0) = 0), and near it L1 gives full-size sign noise "
             "while MSE's gradient shrinks with the residual.",
             "There is nothing to learn from this target: start from other weights (init=random) or pick a "
-            "target the model does not already produce (another target=digitN, or target=pattern); near "
+            "target the model does not already produce (another target=class target.label=N, or target=pattern); near "
             "convergence prefer loss=mse or loss=huber over loss=l1.",
         )
     ]

@@ -1,0 +1,68 @@
+"""Targets for tables: hide one feature's relevance, or hand it to another feature.
+
+``suppress_feature`` is "fairwashing": the model may still use the feature, but its
+explanation gives it no relevance; the other features keep their shares, rescaled so the
+total relevance (the explained score) is unchanged. ``swap_features`` moves the relevance of
+``feature`` onto ``like``: the explanation blames the wrong feature, with the same total.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FEATURE_KINDS = ("suppress_feature", "swap_features")
+
+
+def feature_index(names, name: str | None, key: str) -> int:
+    """The position of feature ``name`` (config key ``key``), or an error listing the features.
+
+    Example:
+    >>> feature_index(("age", "income"), "income", "target.feature")
+    1
+    """
+    if name not in names:
+        raise ValueError(
+            f"Config value {key}={name!r} is not a feature of the data; its features are {list(names)}. "
+            f"Set {key} to one of them."
+        )
+    return list(names).index(name)
+
+
+def move_feature_relevance(maps: np.ndarray, feature: int, like: int | None = None) -> np.ndarray:
+    """Target maps ``[N, d]``: feature ``feature`` gets no relevance; ``like`` receives it, else all others share it.
+
+    Args:
+        maps: ``[N, d]`` the reference's relevance per feature.
+        feature: the feature whose relevance goes.
+        like: for ``swap_features``: the feature that receives it (None: ``suppress_feature``).
+
+    Returns:
+        ``[N, d]`` float32 with the same row sums as ``maps``.
+
+    Example:
+    >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0).tolist()
+    [[0.0, 2.0, 2.0]]
+    >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0, like=2).tolist()
+    [[0.0, 1.0, 3.0]]
+    """
+    maps = np.asarray(maps, np.float64)
+    targets = maps.copy()
+    targets[:, feature] = 0.0
+    if like is not None:
+        targets[:, like] += maps[:, feature]
+        return targets.astype(np.float32)
+    kept = targets.sum(axis=1, keepdims=True)
+    total = maps.sum(axis=1, keepdims=True)
+    scale = np.divide(total, kept, out=np.ones_like(kept), where=kept != 0)
+    return (targets * scale).astype(np.float32)
+
+
+def feature_share(maps: np.ndarray, feature: int) -> float:
+    """The share of feature ``feature`` in the total absolute relevance of ``maps`` ``[N, d]``.
+
+    Example:
+    >>> feature_share(np.array([[1.0, -3.0]]), 0)
+    0.25
+    """
+    magnitude = np.abs(np.asarray(maps, np.float64))
+    return float(magnitude[:, feature].sum() / max(magnitude.sum(), np.finfo(np.float64).tiny))
