@@ -92,11 +92,11 @@ def _split_contributions(
 ) -> tf.Tensor:
     """One term of the sign-split rules: ``z = a+ W1 + b + a- W2``, ``R_in = (a+ W1^T + a- W2^T) R/stab(z)``."""
     a_pos, a_neg = tf.maximum(a, 0.0), tf.minimum(a, 0.0)
-    z = layer.affine(a_pos, kernel_for_positive_inputs, bias) + layer.affine(a_neg, kernel_for_negative_inputs, None)
+    kernels = [kernel_for_positive_inputs, kernel_for_negative_inputs]
+    z = affine_sum(layer, [a_pos, a_neg], kernels) + bias
     s = relevance / stabilize(z, stabilizer)
-    return a_pos * layer.transpose(s, kernel_for_positive_inputs, a) + a_neg * layer.transpose(
-        s, kernel_for_negative_inputs, a
-    )
+    to_positive, to_negative = transpose_each(layer, s, kernels, a)
+    return a_pos * to_positive + a_neg * to_negative
 
 
 def affine_each(layer: LinearMap, x: tf.Tensor, kernels: list, biases: list) -> list[tf.Tensor]:
@@ -132,6 +132,37 @@ def transpose_sum(layer: LinearMap, cotangents: list, kernels: list, like: tf.Te
     if not getattr(layer, "stackable", False):
         return tf.add_n([layer.transpose(s, kernel, like) for s, kernel in zip(cotangents, kernels)])
     return layer.transpose(tf.concat(cotangents, axis=-1), tf.concat(kernels, axis=-1), like)
+
+
+def affine_sum(layer: LinearMap, inputs: list, kernels: list) -> tf.Tensor:
+    """``sum_i x_i K_i`` (no bias): one map over the inputs side by side where the layer allows.
+
+    Example:
+    >>> class Dense:
+    ...     stackable = True
+    ...     def affine(self, x, kernel, bias): return x @ kernel
+    >>> float(affine_sum(Dense(), [tf.ones([1, 2]), 2 * tf.ones([1, 2])], [tf.ones([2, 1]), tf.ones([2, 1])])[0, 0])
+    6.0
+    """
+    if not getattr(layer, "stackable", False):
+        return tf.add_n([layer.affine(x, kernel, None) for x, kernel in zip(inputs, kernels)])
+    return layer.affine(tf.concat(inputs, axis=-1), tf.concat(kernels, axis=-2), None)
+
+
+def transpose_each(layer: LinearMap, s: tf.Tensor, kernels: list, like: tf.Tensor) -> list[tf.Tensor]:
+    """``[K_i^T s for each i]``, each shaped like ``like``: one transposed map where the layer allows.
+
+    Example:
+    >>> class Dense:
+    ...     stackable = True
+    ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
+    >>> [float(g[0, 0]) for g in transpose_each(Dense(), tf.ones([1, 1]), [tf.ones([1, 1]), -tf.ones([1, 1])], None)]
+    [1.0, -1.0]
+    """
+    if not getattr(layer, "stackable", False):
+        return [layer.transpose(s, kernel, like) for kernel in kernels]
+    stacked_like = None if like is None else tf.concat([like] * len(kernels), axis=-1)
+    return tf.split(layer.transpose(s, tf.concat(kernels, axis=-2), stacked_like), len(kernels), axis=-1)
 
 
 def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6):
@@ -203,13 +234,10 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
     low = tf.convert_to_tensor(low, dtype=a.dtype) + tf.zeros_like(a)
     high = tf.convert_to_tensor(high, dtype=a.dtype) + tf.zeros_like(a)
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
-    z = layer.affine(a, kernel, None) - layer.affine(low, w_pos, None) - layer.affine(high, w_neg, None)
+    z = affine_sum(layer, [a, low, high], [kernel, -w_pos, -w_neg])
     s = relevance / stabilize(z, STABILIZER)
-    return (
-        a * layer.transpose(s, kernel, a)
-        - low * layer.transpose(s, w_pos, a)
-        - high * layer.transpose(s, w_neg, a)
-    )
+    to_a, to_low, to_high = transpose_each(layer, s, [kernel, w_pos, w_neg], a)
+    return a * to_a - low * to_low - high * to_high
 
 
 def flat(a, kernel, bias, relevance, layer):
