@@ -5,9 +5,11 @@
 
 Needs the crosscheck extra (``pip install -e ".[crosscheck]"``) and a source checkout: the
 PyTorch twin of each Keras model is built by ``tests/zennit_models.py``, the same code the
-cross-check tests verify. Float32, ``epsilon_gamma_box`` with its defaults on both sides,
+cross-check tests verify. Float32, each composite with its defaults on both sides,
 2 threads each (TensorFlow's intra- and inter-op pools, ``torch.set_num_threads``), random
-inputs in [0, 1] and random classes (seeded). Timing is heatinv's bench's: a warm-up, then
+inputs in [0, 1] and random classes (seeded). ``--composites`` picks heatinv's
+``epsilon_gamma_box``, ``epsilon_plus``, ``epsilon_alpha2_beta1`` against Zennit's
+``EpsilonGammaBox``, ``EpsilonPlus``, ``EpsilonAlpha2Beta1``. Timing is heatinv's bench's: a warm-up, then
 interleaved blocks of at least ``--min-time`` seconds, ``--repeats`` times; medians.
 
 Variants (milliseconds per batch):
@@ -16,7 +18,7 @@ Variants (milliseconds per batch):
     heatinv's compiled heatmap (``LRP.__call__`` in ``tf.function``, without and with XLA),
     as in ``python -m heatinv.bench``.
 ``zennit_heatmap``
-    Zennit's ``Gradient`` attribution with the ``EpsilonGammaBox`` composite registered once
+    Zennit's ``Gradient`` attribution with the matching composite registered once
     (its hooks' forward and modified backward pass, eager PyTorch).
 ``forward_backward``, ``torch_forward_backward``
     a plain gradient of the explained logit with respect to the input in each framework: the
@@ -35,12 +37,21 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("vgg16", "cnn")
+COMPOSITES = {
+    "epsilon_gamma_box": "EpsilonGammaBox",
+    "epsilon_plus": "EpsilonPlus",
+    "epsilon_alpha2_beta1": "EpsilonAlpha2Beta1",
+}
+"""heatinv's composite -> Zennit's composite of the same rules."""
 THREADS = 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python scripts/bench_zennit.py", description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of vgg16,cnn (default: both)")
+    parser.add_argument(
+        "--composites", default="epsilon_gamma_box", help=f"comma-separated, of {','.join(COMPOSITES)} (default: epsilon_gamma_box)"
+    )
     parser.add_argument("--batch", type=int, default=16, help="examples per heatmap call (default 16)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing blocks per variant (default 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timing block (default 0.2)")
@@ -50,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or not args.models:
         parser.error(f"--models: {unknown or 'none'} not in {list(MODELS)}")
+    args.composites = tuple(c for c in args.composites.split(",") if c)
+    unknown = [c for c in args.composites if c not in COMPOSITES]
+    if unknown or not args.composites:
+        parser.error(f"--composites: {unknown or 'none'} not in {list(COMPOSITES)}")
     if args.batch < 1 or args.repeats < 1 or args.min_time < 0:
         parser.error("--batch and --repeats must be positive, --min-time non-negative")
     return args
@@ -67,7 +82,7 @@ def keras_model(name: str):
     return build_model(Architecture("cnn"), 10, seed=0)
 
 
-def make_runners(name: str, batch: int, hooks: contextlib.ExitStack):
+def make_runners(name: str, composite_name: str, batch: int, hooks: contextlib.ExitStack):
     """The runners of one case and the float32 relative L2 error between the two heatmaps.
 
     Zennit's hooks stay registered until ``hooks`` closes, as heatinv's ``LRP`` is built once.
@@ -91,7 +106,7 @@ def make_runners(name: str, batch: int, hooks: contextlib.ExitStack):
     x_torch = torch.tensor(twins.to_torch_layout(x_np))
     one_hot = torch.nn.functional.one_hot(torch.tensor(y_np), 10).float()
 
-    explainer = LRP(model, "epsilon_gamma_box")
+    explainer = LRP(model, composite_name)
 
     def heatmap(x, y):
         R = explainer(x, y)
@@ -105,9 +120,11 @@ def make_runners(name: str, batch: int, hooks: contextlib.ExitStack):
         grad = tape.gradient(score, x)
         return grad, tf.reduce_sum(grad)
 
-    composite = zennit.composites.EpsilonGammaBox(
-        low=0.0, high=1.0, canonizers=[zennit.canonizers.NamedMergeBatchNorm(merges)] if merges else None
-    )
+    canonizers = [zennit.canonizers.NamedMergeBatchNorm(merges)] if merges else None
+    if composite_name == "epsilon_gamma_box":
+        composite = zennit.composites.EpsilonGammaBox(low=0.0, high=1.0, canonizers=canonizers)
+    else:
+        composite = getattr(zennit.composites, COMPOSITES[composite_name])(canonizers=canonizers)
     attributor = hooks.enter_context(zennit.attribution.Gradient(torch_model, composite))
 
     def zennit_heatmap():
@@ -157,19 +174,20 @@ def run(args: argparse.Namespace) -> list[dict]:
           f"batch {args.batch}, repeats {args.repeats}, min block {args.min_time:g} s", flush=True)
     records = []
     for name in args.models:
-        with contextlib.ExitStack() as hooks:
-            runners, error = make_runners(name, args.batch, hooks)
-            case_records = measure(Case(name, "epsilon_gamma_box", args.batch), runners, args.repeats, args.min_time)
-        for record in case_records:
-            record["relative_error"] = error
-        records.extend(case_records)
-        print(f"  {name}: heatinv vs Zennit heatmap, float32 relative L2 error {error:.1e}", flush=True)
-        write_json(args.out, records)
+        for composite in args.composites:
+            with contextlib.ExitStack() as hooks:
+                runners, error = make_runners(name, composite, args.batch, hooks)
+                case_records = measure(Case(name, composite, args.batch), runners, args.repeats, args.min_time)
+            for record in case_records:
+                record["relative_error"] = error
+            records.extend(case_records)
+            print(f"  {name} {composite}: heatinv vs Zennit heatmap, float32 relative L2 error {error:.1e}", flush=True)
+            write_json(args.out, records)
     print(table(records))
-    for name in args.models:
-        ms = {r["variant"]: r["ms_median"] for r in records if r["model"] == name}
+    for name, composite in ((n, c) for n in args.models for c in args.composites):
+        ms = {r["variant"]: r["ms_median"] for r in records if r["model"] == name and r["composite"] == composite}
         print(
-            f"{name}: zennit_heatmap / heatmap_only {ms['zennit_heatmap'] / ms['heatmap_only']:.2f}, "
+            f"{name} {composite}: zennit_heatmap / heatmap_only {ms['zennit_heatmap'] / ms['heatmap_only']:.2f}, "
             f"/ heatmap_only_xla {ms['zennit_heatmap'] / ms['heatmap_only_xla']:.2f}; "
             f"torch_forward_backward / forward_backward {ms['torch_forward_backward'] / ms['forward_backward']:.2f}"
         )

@@ -69,15 +69,24 @@ def test_ratios_and_quick_defaults():
 
     records = [record("eager_reference", 30.0), record("compiled", 1.5), record("multi_step_xla", 0.4),
                record("heatmap_only", 0.5), record("forward_backward", 0.5),
-               record("compiled", 3.0, 64), record("keras_fit", 2.0, 64)]  # fmt: skip
+               record("compiled", 3.0, 64), record("keras_fit", 2.0, 64), record("main_job", 1.0)]  # fmt: skip
     rows = {(r["ratio"], r["batch"]): r for r in ratios(records)}
     assert rows[("default step speedup vs eager reference", 1)]["value"] == pytest.approx(20.0)
     assert rows[("best step speedup vs eager reference", 1)]["value"] == pytest.approx(75.0)
     assert rows[("multi_step_xla steps/s at batch 1", 1)]["met"]
     assert rows[("default step / keras_fit", 64)]["value"] == pytest.approx(1.5)
     assert rows[("heatmap_only / forward_backward", 1)]["met"]
+    assert not rows[("main_job steps/s at batch 1", 1)]["met"]  # 1000 steps/s < 2000
     args = parse_args(["--quick"])
     assert args.models == ("mlp",) and args.repeats < parse_args([]).repeats
+    assert args.main_job == () and parse_args([]).main_job == (100, 1100) and parse_args(["--main-job", "0"]).main_job == ()
+
+
+def test_bad_bench_arguments_exit_2():
+    for argv in (["--main-job", "100"], ["--main-job", "200,100"], ["--composites", "nope"]):
+        with pytest.raises(SystemExit) as stop:
+            parse_args(argv)
+        assert stop.value.code == 2
 
 
 def test_write_json_is_atomic(tmp_path):

@@ -16,7 +16,7 @@ import tensorflow as tf
 import numpy_graph
 from heatinv.lrp import LRP, UnsupportedLayerError, relevance
 from heatinv.lrp.canonize import Merge, canonize
-from heatinv.lrp.propagate import forward
+from heatinv.lrp.propagate import forward, nonnegative_steps
 from heatinv.lrp.rules import concatenation_rule, product_rule, sum_rule
 
 L = keras.layers
@@ -532,3 +532,21 @@ def test_zoo_conserves_without_biases(name, rng):
     explanation = LRP(model, "zero").explain(x, [0, 2])
     axes = list(range(1, x.shape.rank))
     np.testing.assert_allclose(tf.reduce_sum(explanation.relevance, axis=axes).numpy(), explanation.start.numpy(), rtol=1e-5)
+
+
+def test_nonnegative_steps_by_hand():
+    """Which layer inputs the sign-split rules may treat as ``>= 0``, worked out by hand."""
+    inputs = keras.Input((8, 8, 2))
+    relu_conv = L.Conv2D(3, 3, padding="same", activation="relu", name="relu_conv")(inputs)
+    pooled = L.MaxPooling2D(2, name="pool")(relu_conv)  # pooling of a ReLU output: >= 0
+    linear = L.Conv2D(3, 1, name="linear")(pooled)  # no activation: signed
+    leaky = L.LeakyReLU(0.1, name="leaky")(linear)  # negative slope: signed
+    relu6 = L.ReLU(6.0, name="relu6")(linear)
+    added = L.Add(name="add")([pooled, relu6])  # sum of two >= 0 tensors
+    subtracted = L.Subtract(name="subtract")([pooled, relu6])  # difference: signed
+    concatenated = L.Concatenate(name="concat")([added, leaky])  # one signed operand: signed
+    merged = L.Concatenate(name="merged")([concatenated, subtracted])
+    outputs = L.Dense(2, name="out")(L.Flatten(name="flatten")(merged))
+    steps = canonize(keras.Model(inputs, outputs))
+    names = {steps[i].name for i in nonnegative_steps(steps)}
+    assert names == {"relu_conv", "pool", "relu6", "add"}

@@ -145,6 +145,15 @@ class Linear:
             return functools.partial(leaky_relu, slope=0.2)  # keras.activations.leaky_relu's default
         return None if fn is keras.activations.linear else fn
 
+    @property
+    def stackable(self) -> bool:
+        """Whether kernels side by side on the output axis give the outputs side by side.
+
+        True for Dense and for a Conv without groups; a depthwise or grouped map ties its
+        outputs to input channels, so stacking would mix them.
+        """
+        return self.map == "dense" or (self.map == "conv" and getattr(self.layer, "groups", 1) == 1)
+
     def params(self, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
         """The (kernel, bias) the step computes with: live variables, BatchNorm folded, in ``dtype``."""
         layer = self.layer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import keras
 import tensorflow as tf
 
 from heatinv.lrp.canonize import (
@@ -113,6 +114,50 @@ def first_linear_steps(steps: list[Step]) -> set[int]:
     return first
 
 
+def nonnegative_steps(steps: list[Step]) -> set[int]:
+    """The steps whose output is ``>= 0`` by construction, known from the graph alone.
+
+    A ReLU (any max value, threshold ``>= 0``, no negative slope) or ReLU6 output is
+    ``>= 0``, and so is a pooling, reshape, padding, cropping or permutation of such an
+    output, and a sum, average, product or concatenation of such outputs. Where a layer's
+    input is one of them, ``a- = min(a, 0)`` is exactly zero, so the sign-split rules skip
+    its terms: the same values, and the same gradients, since a ReLU's gradient is zero
+    wherever its output is.
+
+    Example:
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+    ...                           keras.layers.Dense(2)])
+    >>> from heatinv.lrp.canonize import canonize
+    >>> sorted(nonnegative_steps(canonize(model)))
+    [0]
+    """
+    nonnegative: set[int] = set()
+    for i, step in enumerate(steps):
+        from_nonnegative = all(source in nonnegative for source in step.sources)
+        if isinstance(step, Linear):
+            keeps = step.activation in _RELUS
+        elif isinstance(step, Elementwise):
+            keeps = step.arguments is None and _is_relu(step.layer)
+        elif isinstance(step, (Pool, Reshape, Rearrange)):
+            keeps = from_nonnegative
+        elif isinstance(step, Merge):
+            keeps = step.kind != "subtract" and from_nonnegative
+        else:
+            keeps = False
+        if keeps:
+            nonnegative.add(i)
+    return nonnegative
+
+
+_RELUS = (keras.activations.relu, keras.activations.relu6)
+
+
+def _is_relu(layer) -> bool:
+    if isinstance(layer, keras.layers.ReLU):
+        return layer.negative_slope == 0 and layer.threshold >= 0
+    return isinstance(layer, keras.layers.Activation) and layer.activation in _RELUS
+
+
 def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple[tf.Tensor, tf.Tensor]]:
     """The input box ``[low, high]`` carried to the input of every first Linear step.
 
@@ -163,13 +208,14 @@ def backward(
     the zbox rule of each first Linear step its input box.
     """
     first = first_linear_steps(steps)
+    nonnegative = nonnegative_steps(steps)
     bounds = bounds or {}
     pending = {start: relevance}
     for i in range(start, -1, -1):
         if i not in pending:
             continue  # nothing of the explained score flows through this step
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
-        for source, share in zip(step.sources, _shares(step, a, fwd.params[i], r, composite, i in first, bounds.get(i))):
+        for source, share in zip(step.sources, _shares(step, a, fwd.params[i], r, composite, i in first, bounds.get(i), nonnegative)):
             if share is not None:
                 pending[source] = pending[source] + share if source in pending else share
     if MODEL_INPUT not in pending:
@@ -177,13 +223,15 @@ def backward(
     return pending[MODEL_INPUT]
 
 
-def _shares(step: Step, a, params, relevance: tf.Tensor, composite: Composite, is_first: bool, box) -> list:
+def _shares(step: Step, a, params, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int]) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
         kernel, bias = params
         rule = composite.rule_for(step.kind, is_first=is_first)
         if box is not None and is_first and composite.first is not None and rule.name == "zbox":
             return [rule(a, kernel, bias, relevance, step, low=box[0], high=box[1])]
+        if rule.takes_sign and step.sources[0] in nonnegative:
+            return [rule(a, kernel, bias, relevance, step, nonnegative=True)]
         return [rule(a, kernel, bias, relevance, step)]
     if isinstance(step, Pool):
         redistribute = norm if step.kind == "average" else winner_takes_all

@@ -47,6 +47,8 @@ class Rule(Protocol):
     """A rule bound to its parameters: ``rule(a, kernel, bias, relevance, layer) -> relevance``."""
 
     name: str
+    takes_sign: bool
+    """Whether the rule takes ``nonnegative=True`` (the input is ``>= 0``) to skip its ``a-`` terms."""
 
     def __call__(
         self, a: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relevance: tf.Tensor, layer: LinearMap
@@ -90,11 +92,77 @@ def _split_contributions(
 ) -> tf.Tensor:
     """One term of the sign-split rules: ``z = a+ W1 + b + a- W2``, ``R_in = (a+ W1^T + a- W2^T) R/stab(z)``."""
     a_pos, a_neg = tf.maximum(a, 0.0), tf.minimum(a, 0.0)
-    z = layer.affine(a_pos, kernel_for_positive_inputs, bias) + layer.affine(a_neg, kernel_for_negative_inputs, None)
+    kernels = [kernel_for_positive_inputs, kernel_for_negative_inputs]
+    z = affine_sum(layer, [a_pos, a_neg], kernels) + bias
     s = relevance / stabilize(z, stabilizer)
-    return a_pos * layer.transpose(s, kernel_for_positive_inputs, a) + a_neg * layer.transpose(
-        s, kernel_for_negative_inputs, a
-    )
+    to_positive, to_negative = transpose_each(layer, s, kernels, a)
+    return a_pos * to_positive + a_neg * to_negative
+
+
+def affine_each(layer: LinearMap, x: tf.Tensor, kernels: list, biases: list) -> list[tf.Tensor]:
+    """``[x K_j + b_j for each j]``: one map with the kernels side by side where the layer allows.
+
+    A layer with ``stackable`` set (Dense, or a Conv without groups) computes all outputs in
+    one matrix product or convolution over ``x``, which reads ``x`` once.
+
+    Example:
+    >>> class Dense:
+    ...     stackable = True
+    ...     def affine(self, x, kernel, bias): return x @ kernel + bias
+    >>> z1, z2 = affine_each(Dense(), tf.ones([1, 2]), [tf.ones([2, 1]), -tf.ones([2, 1])], [tf.zeros([1])] * 2)
+    >>> float(z1[0, 0]), float(z2[0, 0])
+    (2.0, -2.0)
+    """
+    if not getattr(layer, "stackable", False):
+        return [layer.affine(x, kernel, bias) for kernel, bias in zip(kernels, biases)]
+    z = layer.affine(x, tf.concat(kernels, axis=-1), tf.concat(biases, axis=-1))
+    return tf.split(z, len(kernels), axis=-1)
+
+
+def transpose_sum(layer: LinearMap, cotangents: list, kernels: list, like: tf.Tensor) -> tf.Tensor:
+    """``sum_j K_j^T s_j``: one transposed map with the kernels side by side where the layer allows.
+
+    Example:
+    >>> class Dense:
+    ...     stackable = True
+    ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
+    >>> float(transpose_sum(Dense(), [tf.ones([1, 1])] * 2, [tf.ones([2, 1]), 2 * tf.ones([2, 1])], None)[0, 0])
+    3.0
+    """
+    if not getattr(layer, "stackable", False):
+        return tf.add_n([layer.transpose(s, kernel, like) for s, kernel in zip(cotangents, kernels)])
+    return layer.transpose(tf.concat(cotangents, axis=-1), tf.concat(kernels, axis=-1), like)
+
+
+def affine_sum(layer: LinearMap, inputs: list, kernels: list) -> tf.Tensor:
+    """``sum_i x_i K_i`` (no bias): one map over the inputs side by side where the layer allows.
+
+    Example:
+    >>> class Dense:
+    ...     stackable = True
+    ...     def affine(self, x, kernel, bias): return x @ kernel
+    >>> float(affine_sum(Dense(), [tf.ones([1, 2]), 2 * tf.ones([1, 2])], [tf.ones([2, 1]), tf.ones([2, 1])])[0, 0])
+    6.0
+    """
+    if not getattr(layer, "stackable", False):
+        return tf.add_n([layer.affine(x, kernel, None) for x, kernel in zip(inputs, kernels)])
+    return layer.affine(tf.concat(inputs, axis=-1), tf.concat(kernels, axis=-2), None)
+
+
+def transpose_each(layer: LinearMap, s: tf.Tensor, kernels: list, like: tf.Tensor) -> list[tf.Tensor]:
+    """``[K_i^T s for each i]``, each shaped like ``like``: one transposed map where the layer allows.
+
+    Example:
+    >>> class Dense:
+    ...     stackable = True
+    ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
+    >>> [float(g[0, 0]) for g in transpose_each(Dense(), tf.ones([1, 1]), [tf.ones([1, 1]), -tf.ones([1, 1])], None)]
+    [1.0, -1.0]
+    """
+    if not getattr(layer, "stackable", False):
+        return [layer.transpose(s, kernel, like) for kernel in kernels]
+    stacked_like = None if like is None else tf.concat([like] * len(kernels), axis=-1)
+    return tf.split(layer.transpose(s, tf.concat(kernels, axis=-2), stacked_like), len(kernels), axis=-1)
 
 
 def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6):
@@ -108,14 +176,23 @@ def zero(a, kernel, bias, relevance, layer):
     return epsilon(a, kernel, bias, relevance, layer, epsilon=ZERO_STABILIZER)
 
 
-def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0):
+def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0, nonnegative: bool = False):
     """LRP-alpha-beta (Bach et al. 2015): ``alpha * R_positive - beta * R_negative``; conv layers.
 
     The positive part uses ``z+ = a+ W+ + b+ + a- W-``, the negative ``z- = a+ W- + b- + a- W+``.
-    ``alpha=1, beta=0`` is the z+ rule.
+    ``alpha=1, beta=0`` is the z+ rule. ``nonnegative``: the input is ``>= 0`` by construction
+    (a ReLU output), so ``a- = 0`` and its terms are skipped.
     """
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
     b_pos, b_neg = tf.maximum(bias, 0.0), tf.minimum(bias, 0.0)
+    if nonnegative:
+        if beta == 0:
+            s = relevance / stabilize(layer.affine(a, w_pos, b_pos), STABILIZER)
+            return a * layer.transpose(alpha * s, w_pos, a)
+        z_pos, z_neg = affine_each(layer, a, [w_pos, w_neg], [b_pos, b_neg])
+        s_pos = alpha * relevance / stabilize(z_pos, STABILIZER)
+        s_neg = beta * relevance / stabilize(z_neg, STABILIZER)
+        return a * transpose_sum(layer, [s_pos, -s_neg], [w_pos, w_neg], a)
     positive = _split_contributions(a, relevance, layer, w_pos, w_neg, b_pos, STABILIZER)
     if beta == 0:
         return alpha * positive
@@ -123,18 +200,24 @@ def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: f
     return alpha * positive - beta * negative
 
 
-def gamma(a, kernel, bias, relevance, layer, *, gamma: float = 0.25):
+def gamma(a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative: bool = False):
     """LRP-gamma (Montavon et al. 2019, generalized to signed inputs): favours positive evidence.
 
     Outputs with ``z > 0`` redistribute with ``W + gamma W+`` on positive inputs (and
     ``W + gamma W-`` on negative ones), outputs with ``z < 0`` the other way round;
-    biases become ``b + gamma b+`` and ``b + gamma b-``. Conv layers.
+    biases become ``b + gamma b+`` and ``b + gamma b-``. Conv layers. ``nonnegative``: the
+    input is ``>= 0`` by construction (a ReLU output), so ``a- = 0`` and its terms are skipped.
     """
-    z = layer.affine(a, kernel, bias)
     up = kernel + gamma * tf.maximum(kernel, 0.0)
     down = kernel + gamma * tf.minimum(kernel, 0.0)
     bias_up = bias + gamma * tf.maximum(bias, 0.0)
     bias_down = bias + gamma * tf.minimum(bias, 0.0)
+    if nonnegative:
+        z, z_up, z_down = affine_each(layer, a, [kernel, up, down], [bias, bias_up, bias_down])
+        s_up = tf.where(z > 0, relevance, tf.zeros_like(relevance)) / stabilize(z_up, STABILIZER)
+        s_down = tf.where(z < 0, relevance, tf.zeros_like(relevance)) / stabilize(z_down, STABILIZER)
+        return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
+    z = layer.affine(a, kernel, bias)
     r_pos = tf.where(z > 0, relevance, tf.zeros_like(relevance))
     r_neg = tf.where(z < 0, relevance, tf.zeros_like(relevance))
     return _split_contributions(a, r_pos, layer, up, down, bias_up, STABILIZER) + _split_contributions(
@@ -151,13 +234,10 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
     low = tf.convert_to_tensor(low, dtype=a.dtype) + tf.zeros_like(a)
     high = tf.convert_to_tensor(high, dtype=a.dtype) + tf.zeros_like(a)
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
-    z = layer.affine(a, kernel, None) - layer.affine(low, w_pos, None) - layer.affine(high, w_neg, None)
+    z = affine_sum(layer, [a, low, high], [kernel, -w_pos, -w_neg])
     s = relevance / stabilize(z, STABILIZER)
-    return (
-        a * layer.transpose(s, kernel, a)
-        - low * layer.transpose(s, w_pos, a)
-        - high * layer.transpose(s, w_neg, a)
-    )
+    to_a, to_low, to_high = transpose_each(layer, s, [kernel, w_pos, w_neg], a)
+    return a * to_a - low * to_low - high * to_high
 
 
 def flat(a, kernel, bias, relevance, layer):
@@ -174,9 +254,9 @@ def wsquare(a, kernel, bias, relevance, layer):
     return layer.transpose(s, squared, a)
 
 
-def zplus(a, kernel, bias, relevance, layer):
+def zplus(a, kernel, bias, relevance, layer, *, nonnegative: bool = False):
     """LRP-z+ (Montavon et al. 2017): alpha-beta with alpha=1, beta=0; conv layers."""
-    return alpha_beta(a, kernel, bias, relevance, layer, alpha=1.0, beta=0.0)
+    return alpha_beta(a, kernel, bias, relevance, layer, alpha=1.0, beta=0.0, nonnegative=nonnegative)
 
 
 def _check_epsilon(epsilon: float) -> None:
@@ -235,6 +315,8 @@ def make_rule(name: str, **params: float) -> Rule:
         check(**{key: bound.get(key, _default(fn, key)) for key in keys})
     rule = functools.partial(fn, **bound)
     rule.name = name
+    # The sign-split rules can skip their a- terms when told the input is >= 0.
+    rule.takes_sign = "nonnegative" in (fn.__kwdefaults__ or {})
     return rule
 
 
