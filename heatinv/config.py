@@ -57,6 +57,7 @@ class TaskConfig:
     heatmap_weight: float = 1.0
     ce_weight: float = 1.0
     logit_weight: float = 0.0
+    lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
     success_threshold: float = 0.8  # a held-out image counts as manipulated at this cosine to its target
 
 
@@ -134,6 +135,7 @@ CHOICES = {
     "target.kind": ("digit", "file", "pattern", "swap", "suppress"),
     "target.pattern": ("square", "cross", "frame", "file"),
     "task.kind": ("single", "dataset"),
+    "task.lr_schedule": ("constant", "cosine"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
     "loss.normalize": ("none", "sum", "max"),
