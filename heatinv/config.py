@@ -65,6 +65,7 @@ class TaskConfig:
     heatmap_weight: float = 1.0
     ce_weight: float = 1.0
     logit_weight: float = 0.0
+    lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
     success_threshold: float = 0.8  # a held-out image counts as manipulated at this cosine to its target
 
 
@@ -144,6 +145,7 @@ CHOICES = {
     "target.pattern": ("square", "cross", "frame", "file"),
     "target.channels": ("sum", "keep"),
     "task.kind": ("single", "dataset"),
+    "task.lr_schedule": ("constant", "cosine"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
     "loss.normalize": ("none", "sum", "max"),

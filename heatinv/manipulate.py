@@ -206,19 +206,48 @@ def make_strategy(name: str):
     return tf.distribute.MirroredStrategy([d.name for d in devices])
 
 
-def evaluate(explainer: LRP, x, labels, targets, chosen, threshold: float) -> dict[str, float]:
-    """Accuracy on all images; similarity and success rate on the manipulated ones."""
+def evaluate(explainer: LRP, x, labels, targets, chosen, threshold: float, reference_classes) -> dict[str, float]:
+    """Accuracy and agreement on all images; similarity and success rate on the manipulated ones.
+
+    Args:
+        reference_classes: ``[N]`` the reference's predicted class of each image.
+
+    Returns:
+        ``student_accuracy``, ``agreement`` (the share of images the student assigns the
+        reference's class), ``cosine``, ``ssim``, ``pearson``, ``spearman`` and
+        ``success_rate`` (the share with cosine >= ``threshold``).
+    """
     maps, logits = explain_all(explainer, x, labels)
     scores = per_sample_similarity(maps[chosen], targets[chosen])
     cosine = scores["cosine"].numpy()
+    predicted = np.argmax(logits, -1)
     return {
-        "student_accuracy": float(np.mean(np.argmax(logits, -1) == labels)),
+        "student_accuracy": float(np.mean(predicted == labels)),
+        "agreement": agreement(predicted, reference_classes),
         "cosine": float(cosine.mean()),
         "ssim": float(scores["ssim"].numpy().mean()),
         "pearson": float(scores["pearson"].numpy().mean()),
         "spearman": float(scores["spearman"].numpy().mean()),
         "success_rate": float(np.mean(cosine >= threshold)),
     }
+
+
+def agreement(student_classes, reference_classes) -> float:
+    """The share of images on which the student predicts the reference's class.
+
+    Example:
+    >>> agreement(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4]))
+    0.75
+    """
+    student_classes, reference_classes = np.asarray(student_classes), np.asarray(reference_classes)
+    if student_classes.shape != reference_classes.shape or student_classes.size == 0:
+        raise ValueError(f"agreement needs two equal, non-empty shapes, got {student_classes.shape} and {reference_classes.shape}.")
+    return float(np.mean(student_classes == reference_classes))
+
+
+def predicted_classes(model: keras.Model, x: np.ndarray, batch_size: int = 512) -> np.ndarray:
+    """``[N]`` the class ``model`` scores highest for each image."""
+    return np.concatenate([np.argmax(model(x[i : i + batch_size], training=False), -1) for i in range(0, len(x), batch_size)])
 
 
 class DatasetTask:
@@ -237,6 +266,7 @@ class DatasetTask:
         task = cfg.task
         data = parts.dataset
         self.problem = dataset_problem(cfg, data, parts.reference)
+        self.reference_classes = predicted_classes(parts.reference, data.x_test)
         self.columns = tuple(
             tf.constant(c) for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
         )
@@ -248,7 +278,7 @@ class DatasetTask:
         self.strategy = make_strategy(cfg.trainer.strategy)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
-            self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+            self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
             self.explainer = explainer_for(self.student, cfg)
             mode = "xla" if cfg.trainer.jit_compile else "function"
             self.compiled = compile_step(self.student, self.explainer, objective, self.optimizer, mode)
@@ -257,7 +287,7 @@ class DatasetTask:
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
-                self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+                self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
                 self.optimizer.build(self.student.trainable_variables)
             self.explainer = explainer_for(self.student, cfg)
             spec = self._distributed(self._epoch_batches(1, 0)).element_spec
@@ -280,6 +310,17 @@ class DatasetTask:
         self.state = {"epoch_term_sums": self.sums}
         self.initial = self.evaluate()  # before any resume: the run's own start
 
+    def _learning_rate(self):
+        """``optimizer.lr``, or with ``task.lr_schedule=cosine`` a cosine decay from it to 0 over the run's steps.
+
+        The schedule reads the optimizer's own step count, which the checkpoint keeps, so a
+        resumed run continues on the same curve.
+        """
+        lr = self.cfg.optimizer.lr
+        if self.cfg.task.lr_schedule == "constant":
+            return lr
+        return keras.optimizers.schedules.CosineDecay(lr, decay_steps=self.total)
+
     def _epoch_batches(self, epoch: int, first_batch: int) -> tf.data.Dataset:
         size = self.cfg.task.batch_size
         order = epoch_order(len(self.parts.dataset.x_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
@@ -295,7 +336,10 @@ class DatasetTask:
 
     def evaluate(self) -> dict[str, float]:
         data, problem = self.parts.dataset, self.problem
-        return evaluate(self.explainer, data.x_test, data.y_test, problem.test_targets, problem.test_chosen, self.cfg.task.success_threshold)
+        return evaluate(
+            self.explainer, data.x_test, data.y_test, problem.test_targets, problem.test_chosen, self.cfg.task.success_threshold,
+            self.reference_classes,
+        )
 
     def diagnose(self) -> list:
         return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
@@ -344,7 +388,8 @@ class DatasetTask:
             summaries.histograms(epoch, self.variables)
         log.info(
             f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
-            f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}"
+            f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}  "
+            f"agreement {self.test['agreement']:.3f}"
         )
         return {"test_cosine": self.test["cosine"]}
 
@@ -413,5 +458,6 @@ class DatasetTask:
     def summary_line(metrics: dict) -> str:
         return (
             f"heatinv: held-out cosine {metrics['cosine']:.4f}, success rate {metrics['success_rate']:.3f}; "
-            f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}"
+            f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}; "
+            f"agreement {metrics['agreement']:.3f}"
         )

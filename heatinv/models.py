@@ -2,7 +2,8 @@
 
 The reference model is the same architecture trained on the dataset; its heatmaps are the
 ``digit*`` targets and ``init=reference`` starts from its weights. It is trained once per
-(dataset, architecture, seed) and cached as a ``.keras`` file.
+(dataset, architecture, seed, recipe) and cached as a ``.keras`` file: trained until a
+validation split of the training images stops improving, seeded and deterministic.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import keras
 import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 from heatinv.atomic import atomic_path
 from heatinv.data import Dataset
@@ -170,35 +173,70 @@ def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int =
     return correct / len(x)
 
 
+# The reference recipe: bump when it changes, so an entry trained by an older recipe is never reused.
+REFERENCE_RECIPE = "early-stopping-v1"
+VALIDATION_FRACTION = 0.15  # of the training images, carved out with the seed
+PATIENCE = 10  # epochs without a better validation loss before training stops
+
+
+def validation_split(count: int, seed: int, fraction: float = VALIDATION_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of ``count`` training images split into (fit, validation), drawn from ``seed`` only.
+
+    The validation images are training images: the held-out test set is never looked at
+    before the final metrics.
+
+    Example:
+    >>> fit, val = validation_split(100, seed=0)
+    >>> len(fit), len(val), len(set(fit) | set(val))
+    (85, 15, 100)
+    """
+    order = np.random.default_rng([seed, count]).permutation(count)
+    size = max(1, int(round(fraction * count)))
+    return np.sort(order[size:]), np.sort(order[:size])
+
+
 def reference_model(
     arch: Architecture, dataset: Dataset, epochs: int, cache_dir: str, seed: int = 0, weights: str | None = None
 ) -> tuple[keras.Model, float]:
     """The trained reference and its test accuracy, from the cache or trained now.
 
-    The cache key covers the dataset, the architecture, the epochs and the seed, so a
-    changed config never reuses a stale model. ``weights`` (a local ``.weights.h5``,
-    ``model.weights``) replaces the training: the architecture gets those weights.
+    Trained with Adam on the training images minus a validation split
+    (:func:`validation_split`) for at most ``epochs`` epochs, stopped once the validation
+    loss has not improved for ``PATIENCE`` epochs, with the best epoch's weights restored.
+    Seeded and run with TensorFlow's op determinism, so the same call gives the same
+    weights on a machine with the same versions and CPU (see the README on what is not
+    bit-reproducible). The cache key covers the dataset, the architecture, the epochs, the
+    seed and the recipe, so a changed config never reuses a stale model. ``weights`` (a local
+    ``.weights.h5``, ``model.weights``) replaces the training: the architecture gets those weights.
+
+    Args:
+        arch: the architecture.
+        dataset: its training images train (and validate) the model; its test images only
+            give the returned accuracy.
+        epochs: the most epochs to train.
+        cache_dir: where trained references are kept.
+        seed: initial weights, validation split and batch order.
+        weights: a local ``.weights.h5`` to use instead of training, or None.
+
+    Returns:
+        ``(model, test accuracy)``.
+
+    Example:
+    >>> model, acc = reference_model(Architecture("cnn"), load_dataset("digits"), 100, "cache")  # doctest: +SKIP
     """
     if weights is not None:
         model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
         load_weights_file(model, weights)
         return model, accuracy(model, dataset.x_test, dataset.y_test)
     data = hashlib.sha256(dataset.x_train.tobytes() + dataset.y_train.tobytes()).hexdigest()
-    key = {"data": dataset.name, "fingerprint": data, "arch": asdict(arch), "epochs": epochs, "seed": seed}
+    key = {"data": dataset.name, "fingerprint": data, "arch": asdict(arch), "epochs": epochs, "seed": seed,
+           "recipe": REFERENCE_RECIPE}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir, f"reference-{arch.name}-{digest}.keras")
     if os.path.isfile(path):
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
     else:
-        model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
-        from_logits = arch.output_activation != "softmax"
-        model.compile(
-            optimizer=keras.optimizers.Adam(1e-3),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
-        )
-        batches = -(-len(dataset.x_train) // 32)
-        progress = FitProgress(f"training the reference {arch.name} ({epochs} epochs)", epochs, batches)
-        model.fit(dataset.x_train, dataset.y_train, epochs=epochs, batch_size=32, verbose=0, shuffle=True, callbacks=[progress])
+        model = train_reference(arch, dataset, epochs, seed)
         os.makedirs(cache_dir, exist_ok=True)
         # A temporary name of this writer's own, renamed into place: a crash never leaves a
         # truncated entry, and parallel sweep jobs training the same reference never collide.
@@ -224,3 +262,33 @@ def load_weights_file(model: keras.Model, path: str) -> None:
             f"{tuple(model.inputs[0].shape)} and {model.outputs[0].shape[-1]} classes: {str(error).splitlines()[0][:200]}. "
             "Save the weights from a model of the same architecture, input shape and class count."
         ) from error
+
+
+def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int = 0) -> keras.Model:
+    """A fresh ``arch`` trained by the reference recipe (see :func:`reference_model`), uncached.
+
+    Example:
+    >>> model = train_reference(Architecture("mlp", hidden=(8,)), load_dataset("digits"), 1)  # doctest: +SKIP
+    """
+    was_deterministic = tf_config.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    try:
+        keras.utils.set_random_seed(seed)  # Python, NumPy and TensorFlow: initial weights and batch order
+        model = build_model(arch, dataset.num_classes, input_shape=dataset.input_shape)
+        from_logits = arch.output_activation != "softmax"
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+        )
+        fit, val = validation_split(len(dataset.x_train), seed)
+        batches = -(-len(fit) // 32)
+        progress = FitProgress(f"training the reference {arch.name} (at most {epochs} epochs)", epochs, batches)
+        stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE, restore_best_weights=True)
+        model.fit(
+            dataset.x_train[fit], dataset.y_train[fit], epochs=epochs, batch_size=32, verbose=0, shuffle=True,
+            validation_data=(dataset.x_train[val], dataset.y_train[val]), callbacks=[progress, stop],
+        )
+    finally:
+        if not was_deterministic:  # the rest of the run keeps TensorFlow's faster, non-deterministic kernels
+            tf_config.disable_op_determinism()
+    return model

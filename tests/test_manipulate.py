@@ -71,14 +71,15 @@ def test_evaluate_scores_the_given_held_out_images(rng):
     x = rng.uniform(0, 1, (20, 28, 28, 1)).astype("float32")
     y = rng.integers(0, 10, 20)
     explainer = LRP(model)
-    maps, _ = explain_all(explainer, x, y, batch_size=7)
+    maps, logits = explain_all(explainer, x, y, batch_size=7)
     np.testing.assert_allclose(maps, explainer(x, y.astype("int32")).numpy(), rtol=1e-5, atol=1e-7)
     chosen = y % 2 == 0
-    scores = evaluate(explainer, x, y, maps, chosen, threshold=0.99)
+    own = np.argmax(logits, -1)
+    scores = evaluate(explainer, x, y, maps, chosen, threshold=0.99, reference_classes=own)
     assert scores["cosine"] == pytest.approx(1.0, abs=1e-5) and scores["success_rate"] == 1.0
     assert scores["student_accuracy"] == pytest.approx(accuracy(model, x, y))
     shuffled = maps[::-1].copy()
-    assert evaluate(explainer, x, y, shuffled, chosen, threshold=0.99)["success_rate"] < 1.0
+    assert evaluate(explainer, x, y, shuffled, chosen, threshold=0.99, reference_classes=own)["success_rate"] < 1.0
 
 
 
@@ -117,6 +118,7 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     tags = set(events.Tags()["tensors"])
+    assert "1_match_per_epoch/agreement" in tags and 0 <= written["agreement"] <= 1
     zero_tags = sorted(tag for tag in tags if tag.startswith("3_health_per_epoch/zero_grad_fraction/"))
     assert len(zero_tags) == len(student.trainable_variables) == 6
     # Per-epoch values under their own tags: nothing shares a tag with a single run's per-step values.
@@ -160,3 +162,47 @@ def test_dataset_task_skips_nonfinite_updates_and_stops_after_max_nonfinite(comp
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
     for after, before in zip(student.get_weights(), build_parts(cfg).reference.get_weights()):  # init=reference
         np.testing.assert_array_equal(after, before)
+
+
+def test_agreement_is_the_share_of_images_given_the_references_class():
+    from heatinv.manipulate import agreement
+
+    # Hand-made: the student differs from the reference on images 2 and 4 of 5 -> 3/5.
+    assert agreement(np.array([3, 1, 4, 1, 5]), np.array([3, 1, 0, 1, 9])) == pytest.approx(0.6)
+    assert agreement(np.array([7, 7]), np.array([7, 7])) == 1.0
+    with pytest.raises(ValueError, match="agreement"):
+        agreement(np.array([1, 2]), np.array([1, 2, 3]))
+
+
+def test_evaluate_reports_agreement_with_the_references_predictions(rng):
+    model = build_model(Architecture(hidden=(16, 8)), seed=0)
+    x = rng.uniform(0, 1, (20, 28, 28, 1)).astype("float32")
+    y = rng.integers(0, 10, 20)
+    explainer = LRP(model)
+    maps, logits = explain_all(explainer, x, y)
+    own = np.argmax(logits, -1)
+    chosen = np.ones(20, bool)
+    assert evaluate(explainer, x, y, maps, chosen, 0.8, reference_classes=own)["agreement"] == 1.0
+    # A "reference" that predicts differently on exactly the first 5 images: agreement 15/20.
+    other = own.copy()
+    other[:5] = (own[:5] + 1) % 10
+    assert evaluate(explainer, x, y, maps, chosen, 0.8, reference_classes=other)["agreement"] == pytest.approx(0.75)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_runs_through_the_command_line_with_the_debug_config(experiment, tmp_path, reference_cache):
+    import subprocess
+
+    from conftest import train_command
+
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        train_command(run_dir, reference_cache, f"experiment={experiment}"), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    for key in ("cosine", "success_rate", "student_accuracy", "reference_accuracy", "agreement"):
+        assert 0 <= metrics[key] <= 1 or key == "cosine", (key, metrics[key])
+    assert f"agreement {metrics['agreement']:.3f}" in done.stdout
+    assert metrics["manipulated_test_images"] > 0
