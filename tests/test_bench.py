@@ -19,7 +19,6 @@ from heatinv.lrp import LRP
 from heatinv.models import Architecture, build_model
 
 
-
 def test_quick_bench_writes_positive_finite_records(tmp_path):
     out = tmp_path / "bench" / "bench.json"
     command = [

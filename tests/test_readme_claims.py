@@ -190,7 +190,6 @@ def test_loss_normalize_scales_each_map_before_the_loss(composed, normalize):
 
 def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):
     from heatinv.checkpoints import RunDirectoryError
-    from heatinv.train import run as run_again
 
     cfg, out = composed(*SMALL_RUN, "trainer.steps=8", "trainer.checkpoint_every=4")
     run(cfg)
@@ -199,8 +198,8 @@ def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):
 
     again = lambda *extra: compose_run(out, cfg.paths.cache_dir, *SMALL_RUN, "trainer.steps=3", *extra)  # noqa: E731
     with pytest.raises(RunDirectoryError, match="already holds results"):
-        run_again(again())
-    metrics = run_again(again("trainer.overwrite=true"))
+        run(again())
+    metrics = run(again("trainer.overwrite=true"))
     assert metrics["steps"] == 3 and read_metrics(out)["steps"] == 3
     assert sorted(p.name for p in (out / "checkpoints").glob("ckpt-*.index")) == ["ckpt-3.index"]
 
