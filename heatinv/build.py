@@ -79,6 +79,8 @@ def build_parts(cfg) -> Parts:
         student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape)
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
+    if cfg.trainer.precision == "float64":
+        student = in_float64(student)
     return Parts(dataset, reference, reference_acc, student)
 
 
@@ -104,6 +106,25 @@ def default_box_to_data_range(cfg, dataset: Dataset) -> None:
             f"a float or one value per channel/feature); the {dataset.name} data ranges from {np.min(dataset.low):.3g} "
             f"to {np.max(dataset.high):.3g}. Set both, or leave them unset (null) to use the data's range."
         )
+
+
+def in_float64(model: keras.Model) -> keras.Model:
+    """The same model with float64 inputs, variables and arithmetic, and the same weights.
+
+    ``trainer.precision=float64`` trains this copy: feeding float64 inputs to a float32
+    model would still compute (and round) in float32.
+
+    Example:
+    >>> {w.dtype for w in in_float64(build_model(Architecture("mlp", hidden=(4,)))).weights}  # doctest: +SKIP
+    {'float64'}
+    """
+    clone = keras.models.clone_model(
+        model,
+        input_tensors=keras.Input(model.inputs[0].shape[1:], dtype="float64"),
+        clone_function=lambda layer: layer.__class__.from_config({**layer.get_config(), "dtype": "float64"}),
+    )
+    clone.set_weights(model.get_weights())
+    return clone
 
 
 def architecture(cfg) -> Architecture:

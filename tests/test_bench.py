@@ -18,13 +18,11 @@ from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.models import Architecture, build_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def test_quick_bench_writes_positive_finite_records(tmp_path):
     out = tmp_path / "bench" / "bench.json"
     command = [
-        sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--quick",
+        sys.executable, "-m", "heatinv.bench", "--quick",  # the README's command
         "--models", "mlp", "--composites", "epsilon", "--batches", "1",
         "--repeats", "2", "--min-time", "0", "--steps-per-execution", "3", "--out", str(out),
     ]  # fmt: skip
