@@ -228,7 +228,7 @@ def _peak(values: np.ndarray) -> float:
 def _caption(scores: Mapping[str, float] | None) -> str:
     if not scores:
         return ""
-    parts = [f"{name} {scores[name]:.4g}" for name in SCORE_ORDER if name in scores and scores[name] is not None]
+    parts = [f"{name} {scores[name]:.6g}" for name in SCORE_ORDER if name in scores and scores[name] is not None]
     return "   ".join(parts)
 
 

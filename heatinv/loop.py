@@ -39,7 +39,7 @@ import numpy as np
 from heatinv.checkpoints import Checkpointer, RunInterrupted, StopRequests
 from heatinv.doctor import Finding, format_report
 from heatinv.progress import Progress
-from heatinv.summaries import HEALTH, Summaries
+from heatinv.summaries import Summaries
 
 TEST_SIGNAL_VARIABLE = "HEATINV_TEST_SIGNAL_AT_STEP"
 RARE_LOGS = 10
@@ -245,11 +245,12 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
                 call.rare = call.done // rare_every > previous // rare_every or call.done >= task.total
                 values.update(task.log(summaries, call, result))
                 at = task.log_step(call.done)
-                summaries.scalars(at, HEALTH, {"nonfinite_steps": loop.nonfinite_steps})
                 if "zero_fractions" in result:
-                    summaries.gradients(at, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
+                    summaries.health(at, loop.nonfinite_steps, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
                     if call.rare and "gradients" in result:
                         summaries.histograms(at, variables, result["gradients"])
+                else:
+                    summaries.health(at, loop.nonfinite_steps)
                 loop.summaries_seconds += time.perf_counter() - logged
             progress.update(call.done, values)
             if signal_at is not None and call.done >= signal_at[0]:

@@ -46,7 +46,7 @@ from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
-from heatinv.similarity import per_sample_similarity
+from heatinv.similarity import cosine, per_sample_similarity
 from heatinv.step import compile_step, gradient_stats, make_optimizer
 from heatinv.summaries import TRAIN, Summaries
 
@@ -96,13 +96,6 @@ class Manipulation:
         unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
         terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
         return {"loss": self.combine(terms), **terms}
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """cos(a, b) = <a, b> / (|a| |b|) over all pixels (0 when either map is all zero)."""
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    norms = np.linalg.norm(a) * np.linalg.norm(b)
-    return float(a @ b / norms) if norms else 0.0
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
@@ -443,7 +436,7 @@ class DatasetTask:
         rows = [
             Row(
                 data.x_test[i], problem.test_maps[i], problem.test_targets[i], student_maps[row], str(int(data.y_test[i])),
-                _cosine(student_maps[row], problem.test_targets[i]),
+                float(cosine(student_maps[row][None], problem.test_targets[i][None])[0]),
             )
             for row, i in enumerate(index)
         ]

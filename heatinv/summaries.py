@@ -133,7 +133,11 @@ class Summaries:
         20 ms (measured on 2 CPU cores), which at every 25th step of a fast run is a large
         share of its time; compiled, they take under 2 ms.
         """
-        tags = tuple(self.tag(group, name) for name in values)
+        self.tagged(step, {self.tag(group, name): value for name, value in values.items()})
+
+    def tagged(self, step: int, values: dict[str, float]) -> None:
+        """Scalars by their full tags, in one compiled call (see :meth:`scalars`)."""
+        tags = tuple(values)
         write = self._compiled.get(tags)
         if write is None:
             write = self._compiled[tags] = self._scalar_writer(tags)
@@ -156,11 +160,14 @@ class Summaries:
             values = {**values, "one_minus_cosine": 1.0 - values["cosine"]}
         self.scalars(step, MATCH, values)
 
-    def gradients(self, step: int, variables, norms: np.ndarray, zero_fractions: np.ndarray) -> None:
-        """Each variable's gradient norm, and the share of its gradient that is exactly zero (health)."""
-        tags = [variable_tag(variable) for variable in variables]
-        self.scalars(step, GRAD_NORM, dict(zip(tags, norms)))
-        self.scalars(step, HEALTH, {f"zero_grad_fraction/{tag}": zeros for tag, zeros in zip(tags, zero_fractions)})
+    def health(self, step: int, nonfinite_steps: int, variables=(), norms=(), zero_fractions=()) -> None:
+        """Skipped non-finite steps so far and, when measured, each variable's gradient norm
+        and the share of its gradient that is exactly zero; one compiled call."""
+        names = [variable_tag(variable) for variable in variables]
+        values = {self.tag(HEALTH, "nonfinite_steps"): nonfinite_steps}
+        values.update({self.tag(HEALTH, f"zero_grad_fraction/{name}"): zeros for name, zeros in zip(names, zero_fractions)})
+        values.update({self.tag(GRAD_NORM, name): norm for name, norm in zip(names, norms)})
+        self.tagged(step, values)
 
     def histograms(self, step: int, variables, gradients=None) -> None:
         with self.writer.as_default(step=step):
