@@ -203,3 +203,17 @@ def test_every_experiment_runs_through_the_command_line_with_the_debug_config(ex
         assert 0 <= metrics[key] <= 1 or key == "cosine", (key, metrics[key])
     assert f"agreement {metrics['agreement']:.3f}" in done.stdout
     assert metrics["manipulated_test_images"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_learning_rate_schedule_follows_its_formula(schedule, composed):
+    from heatinv.build import build_parts
+    from heatinv.manipulate import DatasetTask
+
+    cfg, _ = composed("experiment=swap_1_like_0_mlp", f"task.lr_schedule={schedule}", "optimizer.lr=0.01")
+    task = DatasetTask(cfg, build_parts(cfg))
+    for step in (0, task.total // 3, task.total):
+        task.optimizer.iterations.assign(step)
+        # cosine: lr * (1 + cos(pi * step / total)) / 2, from the full run's first step to its last
+        expected = 0.01 if schedule == "constant" else 0.01 * (1 + np.cos(np.pi * step / task.total)) / 2
+        assert float(task.optimizer.learning_rate) == pytest.approx(expected, rel=1e-5, abs=1e-9), step
