@@ -1,0 +1,286 @@
+"""The user's own data and models: npz files, image folders, tables, CSV, Keras applications by name.
+
+The images are drawn shapes made in the test (tests/drawn_shapes.py); the checks compare the
+loaded data with what was written (pixel for pixel), with scikit-learn's raw tables (the
+standardization by hand), and with hand-computed targets; bad inputs must give one clear
+paragraph naming the key and the value, and exit code 2 on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import compose_run, train_command
+from drawn_shapes import CLASSES, draw_shapes, write_folder, write_npz
+from heatinv import data
+from heatinv.build import build_parts, explainer_for
+from heatinv.channel_sum import ChannelSumLRP
+from heatinv.feature_targets import feature_share, move_feature_relevance
+from heatinv.lrp import LRP
+from heatinv.models import APPLICATIONS, build_application
+from heatinv.targets import build_target, pattern_map
+from heatinv.train import run
+
+
+@pytest.fixture(scope="module")
+def shapes_folder(tmp_path_factory):
+    return write_folder(str(tmp_path_factory.mktemp("shapes") / "shapes"), count=300)
+
+
+@pytest.fixture(scope="module")
+def shapes_npz(tmp_path_factory):
+    return write_npz(str(tmp_path_factory.mktemp("npz") / "shapes.npz"), train=240, test=60)
+
+
+# --- loaders -------------------------------------------------------------------------------
+
+
+def test_npz_images_are_the_written_pixels_scaled(shapes_npz):
+    ds = data.load_npz(shapes_npz)
+    x, y = draw_shapes(300)
+    assert ds.input_shape == (32, 32, 3) and ds.num_classes == 3 and ds.class_names == ("0", "1", "2")
+    np.testing.assert_array_equal(ds.x_train, x[:240].astype(np.float32) / 255)  # exact: k/255 in float32 both ways
+    np.testing.assert_array_equal(ds.y_test, y[240:])
+    assert (ds.low, ds.high) == (0.0, 1.0)  # uint8 images: the nominal [0, 1] box
+
+
+def test_npz_feature_vectors_and_float_range(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 4)).astype(np.float32) * np.array([1, 2, 3, 4], np.float32)
+    y = np.arange(20) % 4
+    np.savez(tmp_path / "t.npz", x_train=x[:15], y_train=y[:15], x_test=x[15:], y_test=y[15:])
+    ds = data.load_npz(str(tmp_path / "t.npz"))
+    assert ds.input_shape == (4,) and ds.num_classes == 4 and ds.feature_names == ("x0", "x1", "x2", "x3")
+    np.testing.assert_array_equal(ds.low, x.min(axis=0))  # per feature, over both splits
+    np.testing.assert_array_equal(ds.high, x.max(axis=0))
+
+
+def test_folder_holds_every_image_once_with_its_class_and_a_seeded_split(shapes_folder):
+    ds = data.load_folder(shapes_folder, (32, 32), 0.2, seed=0)
+    assert ds.class_names == CLASSES and ds.input_shape == (32, 32, 3)
+    assert len(ds.x_train) + len(ds.x_test) == 300 and len(ds.x_test) == 60  # Keras holds out int(0.2 * 300)
+    x, y = draw_shapes(300)
+    drawn = {img.tobytes(): label for img, label in zip((x.astype(np.float32) / 255), y)}
+    loaded = np.concatenate([ds.x_train, ds.x_test])
+    labels = np.concatenate([ds.y_train, ds.y_test])
+    # PNG is lossless and 32x32 -> 32x32 resizing is the identity, so each image is one drawn image.
+    assert sorted(drawn[img.tobytes()] for img in loaded) == sorted(y.tolist())
+    assert all(drawn[img.tobytes()] == label for img, label in zip(loaded, labels))
+    again = data.load_folder(shapes_folder, (32, 32), 0.2, seed=0)
+    np.testing.assert_array_equal(again.y_test, ds.y_test)
+    np.testing.assert_array_equal(again.x_test, ds.x_test)
+    other = data.load_folder(shapes_folder, (24, 40), 0.2, seed=1)
+    assert other.input_shape == (24, 40, 3)
+    assert not np.array_equal(other.y_test, ds.y_test)
+
+
+@pytest.mark.parametrize(("name", "features", "classes", "count"), [("breast_cancer", 30, 2, 569), ("wine", 13, 3, 178)])
+def test_tabular_builtins_standardized_with_training_statistics(name, features, classes, count):
+    from sklearn import datasets
+
+    raw = getattr(datasets, f"load_{name}")()
+    ds = data.load_tabular(name)
+    assert ds.input_shape == (features,) and ds.num_classes == classes
+    assert len(ds.x_train) + len(ds.x_test) == count
+    assert ds.feature_names == tuple(raw.feature_names) and ds.class_names == tuple(raw.target_names)
+    # Both splits are one affine image of the raw column (the same mean and std for both):
+    # sorted standardized values against sorted raw values lie on a line. Measured residual < 2e-6.
+    both = np.concatenate([ds.x_train, ds.x_test]).astype(np.float64)
+    for j in range(features):
+        raw_sorted, ours_sorted = np.sort(raw.data[:, j]), np.sort(both[:, j])
+        slope, intercept = np.polyfit(raw_sorted, ours_sorted, 1)
+        assert np.max(np.abs(slope * raw_sorted + intercept - ours_sorted)) < 1e-5
+    # ... and that mean and std are the training split's: 0 and 1 there (float32; measured
+    # max |mean| 2e-8, |std - 1| 3e-7), not on the held-out split.
+    np.testing.assert_allclose(ds.x_train.mean(axis=0), 0.0, atol=1e-6)
+    np.testing.assert_allclose(ds.x_train.std(axis=0), 1.0, atol=1e-5)
+    assert np.max(np.abs(ds.x_test.mean(axis=0))) > 1e-3
+
+
+def test_csv_matches_the_same_table_loaded_as_a_builtin(tmp_path):
+    from sklearn.datasets import load_wine
+
+    raw = load_wine()
+    path = tmp_path / "wine.csv"
+    header = ",".join(list(raw.feature_names) + ["cultivar"])
+    names = np.array(["a", "b", "c"])[raw.target]
+    lines = [header] + [",".join(f"{v!r}" for v in row) + f",{n}" for row, n in zip(raw.data.tolist(), names)]
+    path.write_text("\n".join(lines) + "\n")
+    ds = data.load_csv(str(path), "cultivar")
+    builtin = data.load_tabular("wine")
+    assert ds.class_names == ("a", "b", "c") and ds.feature_names == builtin.feature_names
+    np.testing.assert_array_equal(ds.y_train, builtin.y_train)
+    np.testing.assert_allclose(ds.x_test, builtin.x_test, rtol=0, atol=1e-6)  # same float64 values, float32 results
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+def test_feature_targets_by_hand():
+    maps = np.array([[0.5, 0.3, 0.2], [-0.1, 0.4, 0.1]])
+    suppressed = move_feature_relevance(maps, 0)
+    # row 0: 0.3 and 0.2 rescaled by 1.0 / 0.5; row 1: 0.4 and 0.1 by 0.4 / 0.5
+    np.testing.assert_allclose(suppressed, [[0.0, 0.6, 0.4], [0.0, 0.32, 0.08]], rtol=1e-6)
+    swapped = move_feature_relevance(maps, 0, like=2)
+    np.testing.assert_allclose(swapped, [[0.0, 0.3, 0.7], [0.0, 0.4, 0.0]], rtol=1e-6, atol=1e-7)
+    assert feature_share(maps, 1) == pytest.approx(0.7 / 1.6)
+
+
+def test_pattern_at_the_datas_height_and_width():
+    frame = pattern_map("frame", 32, width=48)[..., 0]
+    assert frame.shape == (32, 48) and frame.sum() == pytest.approx(1.0)
+    # The 28x28 frame: 2 pixels thick, one in from the border: (26*26 - 22*22) pixels.
+    old = pattern_map("frame")[..., 0]
+    assert np.count_nonzero(old) == 26 * 26 - 22 * 22
+    assert np.count_nonzero(frame[0]) == 0 and np.count_nonzero(frame[:, 0]) == 0
+
+
+def test_channel_sum_is_the_per_channel_heatmap_summed(shapes_npz):
+    ds = data.load_npz(shapes_npz)
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(), keras.layers.Dense(3)])
+    x, labels = ds.x_test[:4], ds.y_test[:4]
+    per_channel = LRP(model, "epsilon").explain(x, labels)
+    summed = ChannelSumLRP(model, "epsilon").explain(x, labels)
+    assert summed.relevance.shape == (4, 32, 32, 1)
+    np.testing.assert_allclose(summed.relevance.numpy()[..., 0], per_channel.relevance.numpy().sum(axis=-1), rtol=1e-5, atol=1e-7)
+
+
+def test_file_target_per_channel_is_summed(shapes_npz, tmp_path):
+    ds = data.load_npz(shapes_npz)
+    per_channel = np.random.default_rng(0).random((32, 32, 3)).astype(np.float32)
+    np.save(tmp_path / "t.npy", per_channel)
+    target = build_target("file", ds, None, label=1, path=str(tmp_path / "t.npy"))
+    np.testing.assert_allclose(target.heatmap[0, ..., 0], per_channel.sum(axis=-1), rtol=1e-6)
+    kept = build_target("file", ds, None, label=1, path=str(tmp_path / "t.npy"), channels="keep")
+    np.testing.assert_array_equal(kept.heatmap[0], per_channel)
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # builds seven ImageNet-sized architectures (about a minute on 2 cores)
+@pytest.mark.parametrize("name", sorted(APPLICATIONS))
+def test_applications_build_at_the_datas_shape_and_class_count(name):
+    model = build_application(name, (32, 32, 3), 3)
+    assert tuple(model.inputs[0].shape) == (None, 32, 32, 3) and tuple(model.outputs[0].shape) == (None, 3)
+
+
+def test_application_refuses_small_or_flat_inputs():
+    with pytest.raises(ValueError, match="at least 32x32"):
+        build_application("resnet50", (28, 28, 1), 10)
+    with pytest.raises(ValueError, match=r"\(30,\)"):
+        build_application("vgg16", (30,), 2)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def config(tmp_path, reference_cache):
+    return lambda *overrides: compose_run(tmp_path / "run", reference_cache, *overrides)
+
+
+def expect(error_type, cfg, *fragments: str) -> str:
+    with pytest.raises(error_type) as caught:
+        run(cfg)
+    message = str(caught.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert "\n" not in message.strip(), "one paragraph"
+    return message
+
+
+def test_missing_folder(config, tmp_path):
+    expect(FileNotFoundError, config("data=folder", f"data.path={tmp_path}/nowhere"), "nowhere", "data.path")
+
+
+def test_folder_with_one_class(config, tmp_path):
+    write_folder(str(tmp_path / "one"), count=6)
+    for name in CLASSES[1:]:
+        for f in os.listdir(tmp_path / "one" / name):
+            os.remove(tmp_path / "one" / name / f)
+        os.rmdir(tmp_path / "one" / name)
+    expect(ValueError, config("data=folder", f"data.path={tmp_path}/one"), "['cross']", "at least two", "subfolder")
+
+
+def test_npz_labels_out_of_range(config, tmp_path):
+    x, y = draw_shapes(12)
+    np.savez(tmp_path / "bad.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=np.array([0, 1, 2, 5]))
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/bad.npz"), "bad.npz", "label 5", "out of range")
+    np.savez(tmp_path / "neg.npz", x_train=x[:8], y_train=y[:8] - 1, x_test=x[8:], y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/neg.npz"), "neg.npz", "negative label -1")
+
+
+def test_model_file_that_does_not_fit_the_data(config, shapes_npz, tmp_path):
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.save(tmp_path / "digits.keras")
+    expect(
+        ValueError,
+        config("data=npz", f"data.path={shapes_npz}", "model=file", f"model.path={tmp_path}/digits.keras"),
+        "digits.keras", "(None, 28, 28, 1)", "(None, 10)", "(None, 32, 32, 3)", "3 outputs",
+    )
+
+
+def test_csv_without_the_label_column(config, tmp_path):
+    (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n")
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=label"),
+           "t.csv", "'label'", "data.label_column", "['a', 'b', 'outcome']")
+
+
+def test_unknown_feature_lists_the_features(config):
+    expect(ValueError, config("data=tabular", "task=dataset", "target=suppress_feature", "target.feature=height"),
+           "target.feature='height'", "mean radius")
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+def test_dataset_task_on_a_table_reports_the_feature_share(composed):
+    cfg, out = composed("data=tabular", "task=dataset", "target=suppress_feature", "target.feature=worst area", "lrp=epsilon")
+    run(cfg)
+    import json
+
+    metrics = json.load(open(out / "metrics.json"))
+    assert 0 < metrics["reference_feature_share"] < 1 and 0 <= metrics["feature_share"] < 1
+    assert 0 <= metrics["agreement"] <= 1
+    assert (out / "heatmaps.png").exists()
+
+
+def test_single_task_on_npz_images_with_a_pattern(composed, shapes_npz):
+    cfg, out = composed("data=npz", f"data.path={shapes_npz}", "model=cnn", "target=pattern", "target.pattern=frame", "target.label=1")
+    parts = build_parts(cfg)
+    assert isinstance(explainer_for(parts.student, cfg), ChannelSumLRP)
+    run(cfg)
+    assert (out / "metrics.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet50", "mobilenetv2"])
+def test_applications_train_a_few_steps_at_32x32(tmp_path, model):
+    path = write_npz(str(tmp_path / "tiny.npz"), train=24, test=12)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        train_command(tmp_path / "run", tmp_path / "cache", "data=npz", f"data.path={path}", f"model={model}",
+                      "target=pattern", "target.pattern=frame", "target.label=1", "trainer.steps=2"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [(["data=folder", "data.path=missing_folder"], "missing_folder"), (["data=csv", "data.path=t.csv", "data.label_column=y"], "t.csv")],
+)
+def test_command_line_exits_2_on_bad_data(tmp_path, overrides, fragment):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(train_command(tmp_path / "run", tmp_path / "cache", *overrides), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert fragment in done.stderr and "Traceback" not in done.stderr
