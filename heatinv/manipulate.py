@@ -8,7 +8,8 @@ The objective is a weighted sum, each weight a config value (``task.*_weight``):
 
 trained over epochs of mini-batches by the loop both tasks share (:mod:`heatinv.loop`:
 resume, NaN/Inf guard, checkpoints, gradient statistics), and evaluated on **held-out test
-images** only, after every epoch: accuracy, heatmap similarity to the targets, and the share
+images** only, after every epoch: accuracy, agreement with the reference's predicted classes,
+heatmap similarity to the targets, and the share
 of images whose cosine to the target passes ``task.success_threshold``.
 
 Batches: epoch ``e`` visits the training images in the order of a permutation drawn from
