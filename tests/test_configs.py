@@ -31,6 +31,8 @@ REQUIRED_OVERRIDES = {
     ("data", "npz"): ["data.path=/nonexistent/data.npz"],
     ("data", "folder"): ["data.path=/nonexistent/images"],
     ("data", "csv"): ["data.path=/nonexistent/table.csv", "data.label_column=label"],
+    ("target", "suppress_feature"): ["data=tabular", "target.feature=mean radius"],
+    ("target", "swap_features"): ["data=tabular", "target.feature=mean radius", "target.like=mean texture"],
     ("target", "file"): ["target.path=/nonexistent/heatmap.npy"],
     ("target", "swap"): ["task=dataset"],
     ("target", "suppress"): ["task=dataset"],

@@ -139,7 +139,7 @@ def test_digit_target_needs_an_explainer(dataset):
 
 
 def test_unknown_kind_is_refused(dataset):
-    with pytest.raises(ValueError, match=r"'noise'.*class, file or pattern"):
+    with pytest.raises(ValueError, match=r"'noise'.*class, file, pattern"):
         build_target("noise", dataset, None)
 
 
