@@ -100,7 +100,7 @@ def test_seed_fixes_the_initial_weights():
 
 
 def test_unknown_architecture_is_refused():
-    with pytest.raises(ValueError, match=r"'resnet'.*'mlp' or 'cnn'"):
+    with pytest.raises(ValueError, match=r"'resnet'.*'mlp', 'cnn' or one of \['vgg16'"):
         build_model(Architecture("resnet"))
 
 
