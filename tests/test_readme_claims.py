@@ -282,9 +282,10 @@ def test_doctor_reports_all_zero_when_no_known_cause_explains_zero_gradients():
 
 
 def test_digit7_default_run_reaches_the_readmes_near_1_cosine(tmp_path_factory, reference_cache):
-    """``python -m heatinv.train target=digit7`` (no debug=smoke: the 300-100 MLP, 300 steps): cosine >= 0.999.
+    """``python -m heatinv.train target=digit7`` (no debug=smoke: the 300-100 MLP, 300 steps): cosine >= 0.995.
 
-    The README reports 0.99999541 for this command.
+    The README reports 0.99848 for this command (the converged reference of the
+    validation-split recipe); the bound leaves room for other CPUs' rounding.
     """
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -303,4 +304,4 @@ def test_digit7_default_run_reaches_the_readmes_near_1_cosine(tmp_path_factory, 
     assert cfg.trainer.steps == 300 and list(cfg.model.hidden) == [300, 100]
     metrics = run(cfg)
     assert metrics["steps"] == 300 and metrics["diagnosis"] == []
-    assert metrics["cosine"] >= 0.999, metrics["cosine"]
+    assert metrics["cosine"] >= 0.995, metrics["cosine"]
