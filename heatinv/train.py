@@ -24,6 +24,8 @@ from omegaconf import DictConfig  # noqa: E402
 
 from heatinv.build import Parts, build_parts  # noqa: E402
 from heatinv.checkpoints import (  # noqa: E402
+    CHECKPOINTS,
+    RUN_CONFIG,
     Checkpointer,
     RunDirectoryError,
     RunInterrupted,
@@ -64,6 +66,9 @@ def run(cfg) -> dict:
     os.makedirs(out, exist_ok=True)
     guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     changed = check_resumable(out, cfg) if cfg.trainer.resume else []
+    if not cfg.trainer.resume:
+        # as given: building fills in defaults (lrp.low/high from the data) that a resume's config leaves unset
+        save_run_config(out, cfg)
     log.info(f"heatinv: loading the {cfg.data.name} data and the {cfg.model.name} models")
     return run_task(cfg, build_parts(cfg), changed)
 
@@ -88,7 +93,7 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
         log.info(f"heatinv: resuming {out} after step {start} of {task.total}")
         if changed:
             log.info(f"heatinv: resuming with changed settings: {'; '.join(changed)}")
-    else:
+    elif not os.path.isfile(os.path.join(out, CHECKPOINTS, RUN_CONFIG)):  # run_task called without run()
         save_run_config(out, cfg)
 
     with Summaries(os.path.join(out, "tensorboard"), task.axis) as summaries:
