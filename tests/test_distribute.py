@@ -59,7 +59,8 @@ def test_strategy_defaults_to_none_and_mirrored_needs_the_dataset_task():
 # a last batch of one image, so one replica gets none.
 SCRIPT = textwrap.dedent(
     """
-    import glob, json, os, sys, tempfile
+    import glob, json, logging, os, sys, tempfile
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")  # heatinv says its stages through logging
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
