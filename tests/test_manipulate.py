@@ -19,6 +19,19 @@ from heatinv.models import Architecture, accuracy, build_model
 from heatinv.targets import pattern_map
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "experiment").glob("*.yaml"))
+NEEDS_A_FOLDER = "pattern_frame_folder_mobilenetv2"
+RUNNABLE_EXPERIMENTS = [
+    pytest.param(
+        name,
+        marks=pytest.mark.skip(
+            reason="reads an image folder the user draws first (tests/drawn_shapes.py), and MobileNetV2's few-step "
+            "run at 32x32 stops before step 1 (the strict xfail in tests/test_own_data.py says why)"
+        ),
+    )
+    if name == NEEDS_A_FOLDER
+    else name
+    for name in EXPERIMENTS
+]
 
 
 @pytest.fixture
@@ -201,7 +214,7 @@ def test_evaluate_reports_agreement_with_the_references_predictions(rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("experiment", RUNNABLE_EXPERIMENTS)
 def test_every_experiment_runs_through_the_command_line_with_the_debug_config(experiment, tmp_path, reference_cache):
     import subprocess
 
