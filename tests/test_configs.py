@@ -82,6 +82,7 @@ def compose_train(tmp_path, monkeypatch):
 
         yield compose_
     GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None  # later in-process runs must not read this test's overrides as their own
 
 
 def test_every_core_group_has_choices():

@@ -185,7 +185,9 @@ def test_loss_normalize_scales_each_map_before_the_loss(composed, normalize):
     unnormalized = np.mean(((heatmap - target) / np.abs(target).max()) ** 2)
     # Measured: the run's float32 loss within 4e-8 relative of this float64 formula.
     assert metrics["loss"] == pytest.approx(expected, rel=1e-3)
-    assert not math.isclose(expected, unnormalized, rel_tol=0.1)  # the normalization changes the number
+    # the normalization changes the number: measured 0.0604 (sum) against 0.0660 unnormalized, 9 % apart,
+    # far beyond the 1e-3 to which the run's loss matches the formula
+    assert not math.isclose(expected, unnormalized, rel_tol=0.01)
 
 
 def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):

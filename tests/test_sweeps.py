@@ -71,7 +71,8 @@ def check_sweep(result: subprocess.CompletedProcess, sweep_dir: str) -> dict[str
     assert os.path.isfile(os.path.join(sweep_dir, "multirun.yaml"))
     by_loss = {}
     for job in range(len(LOSSES)):
-        job_dir = os.path.join(sweep_dir, str(job))
+        # job folders are named after the job's overrides, e.g. 0_loss=l1,trainer.steps=3
+        (job_dir,) = [os.path.join(sweep_dir, d) for d in os.listdir(sweep_dir) if d.split("_", 1)[0] == str(job)]
         for name in ("metrics.json", "student.keras", "heatmaps.png"):
             assert os.path.isfile(os.path.join(job_dir, name)), f"job {job} lacks {name}"
         assert os.listdir(os.path.join(job_dir, "tensorboard")), f"job {job} wrote no events"
@@ -80,6 +81,7 @@ def check_sweep(result: subprocess.CompletedProcess, sweep_dir: str) -> dict[str
         with open(os.path.join(job_dir, "metrics.json")) as f:
             metrics = json.load(f)
         assert metrics["steps"] == 3
+        assert f"loss={config['loss']['name']}" in os.path.basename(job_dir)
         by_loss[config["loss"]["name"]] = metrics
     assert sorted(by_loss) == sorted(LOSSES)
     return by_loss
