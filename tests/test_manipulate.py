@@ -55,11 +55,17 @@ def test_pattern_targets_keep_each_images_total_and_move_only_chosen_classes(map
 def test_swap_targets_take_the_like_class_mean_from_the_given_source(maps):
     labels, heatmaps = maps
     source_labels = np.array([0, 0, 5])
-    source_maps = np.stack([np.full((28, 28, 1), v, "float32") for v in (1.0, 3.0, 100.0)])
+    left, top, corner = (np.zeros((28, 28, 1), "float32") for _ in range(3))
+    left[:, :14], top[:14], corner[27, 27] = 1.0, 3.0, 100.0
+    source_maps = np.stack([left, top, corner])
     targets, chosen = dataset_targets("swap", labels, heatmaps, classes=[2], like=0, like_heatmaps=(source_labels, source_maps))
     assert chosen.sum() == 2
-    for i in np.flatnonzero(chosen):  # the class-0 mean is flat, so the target is flat with the image's total
-        np.testing.assert_allclose(targets[i], np.full((28, 28, 1), heatmaps[i].sum() / 784), rtol=1e-5)
+    # The class-0 mean by hand: (1 + 3) / 2 in the top-left quadrant, 3 / 2 top-right, 1 / 2
+    # bottom-left, 0 bottom-right; 196 pixels each, 784 in all. The class-5 map plays no part.
+    mean = np.zeros((28, 28, 1))
+    mean[:14, :14], mean[:14, 14:], mean[14:, :14] = 2.0, 1.5, 0.5
+    for i in np.flatnonzero(chosen):
+        np.testing.assert_allclose(targets[i], mean / 784 * heatmaps[i].sum(), rtol=1e-5)
     with pytest.raises(ValueError, match="no images of class 7"):
         dataset_targets("swap", labels, heatmaps, like=7)
 

@@ -307,3 +307,8 @@ def test_digit7_default_run_reaches_the_readmes_near_1_cosine(tmp_path_factory, 
     metrics = run(cfg)
     assert metrics["steps"] == 300 and metrics["diagnosis"] == []
     assert metrics["cosine"] >= 0.995, metrics["cosine"]
+    # "digit7": the reference's heatmap of the first held-out 7, found here from the labels themselves
+    from heatinv.data import load_digits
+
+    first_seven = int(np.flatnonzero(load_digits().y_test == 7)[0])
+    assert metrics["target"] == f"reference heatmap of digits test example #{first_seven} (class 7, index 0)"

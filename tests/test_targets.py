@@ -65,6 +65,14 @@ def test_frame_hugs_the_border_and_leaves_the_inside_empty():
     assert heatmap[0].sum() == heatmap[-1].sum() == heatmap[:, 0].sum() == heatmap[:, -1].sum() == 0
 
 
+def test_frame_is_two_pixels_thick_one_in_from_the_border():
+    """The README's frame drawn by hand: the ring between the 26x26 and the 22x22 centred squares."""
+    drawn = np.zeros((28, 28))
+    drawn[1:27, 1:27] = 1
+    drawn[3:25, 3:25] = 0
+    np.testing.assert_allclose(pattern_map("frame")[..., 0], drawn / drawn.sum(), rtol=1e-6)
+
+
 def test_pattern_size_follows_the_argument():
     heatmap = pattern_map("cross", size=12, scale=2.0)
     assert heatmap.shape == (12, 12, 1)
