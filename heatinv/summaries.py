@@ -9,7 +9,7 @@ that the two tasks' values never share a tag:
 - ``2_train_per_epoch/``: the dataset task's mean training terms;
 - ``3_health_per_<axis>/``: ``nonfinite_steps`` and ``zero_grad_fraction/<layer>/<variable>``;
 - ``4_grad_norm_per_<axis>/<layer>/<variable>``;
-- ``final/<metric>``: one value per run, for the HParams dashboard (in ``<logdir>/hparams``).
+- ``final/<metric>``: one value per run, the HParams dashboard's metrics (with the run's session).
 
 Images ``heatmap/{input,target,initial}`` are written once, ``heatmap/current`` a few times over
 the run, and ``heatmap/figure`` (the labelled figure of ``heatmaps.png``) at the end;
@@ -20,7 +20,6 @@ histograms ``weights/...`` and ``gradients/...``; text ``config``, ``target``, `
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import time
 
@@ -63,7 +62,6 @@ scalar_metadata = scalar_plugin.create_summary_metadata(display_name=None, descr
 histogram_metadata = histogram_plugin.create_summary_metadata(display_name=None, description=None)
 image_metadata = image_plugin.create_summary_metadata(display_name=None, description=None)
 text_metadata = text_plugin.create_summary_metadata(display_name=None, description=None)
-_WRITERS = itertools.count()
 
 
 def trial_name(out: str, root: str) -> str:
@@ -139,10 +137,8 @@ class Summaries:
     def __init__(self, logdir: str, axis: str = "step"):
         self.logdir, self.axis = logdir, axis
         os.makedirs(logdir, exist_ok=True)
-        # pid and a counter in the name: a resumed run (or a second writer in this process)
-        # started within the same second gets a file of its own instead of overwriting one.
-        suffix = f".{os.getpid()}.{next(_WRITERS)}.heatinv"
-        self.writer = EventFileWriter(logdir, filename_suffix=suffix)
+        # Its file name holds the time, the pid and a per-process count: a resumed run gets a file of its own.
+        self.writer = EventFileWriter(logdir, filename_suffix=".heatinv")
         self._described: set[str] = set()
 
     def __enter__(self) -> "Summaries":
@@ -219,17 +215,23 @@ class Summaries:
         """Text that keeps its line breaks and columns in the Text tab (a markdown code block)."""
         self.text(tag, "```\n" + body.strip("\n") + "\n```", step)
 
-    def hparams(self, hparams: dict, final: dict[str, float], trial_id: str) -> None:
-        """The HParams dashboard's row for this run, in the run's own ``hparams`` folder.
+    def hparams(self, hparams: dict, final: dict[str, float], trial_id: str, experiment: bool = True) -> None:
+        """The HParams dashboard's row for this run, in the run itself (one job, one run).
 
-        TensorBoard takes a row's metric columns from every scalar under the row's folder; in
-        a folder of their own the row's metrics are the :data:`FINAL_METRICS` the run measured
-        (``final/<name>``), not every gradient norm. A sweep's experiment
-        (:mod:`heatinv.callbacks`) names the columns of its jobs.
+        The row is the run's session (``hparams``) and its :data:`FINAL_METRICS` as scalars
+        ``final/<name>``. Without an experiment TensorBoard would take every scalar of the run
+        (each gradient norm, each curve) as a metric column; the experiment names the columns:
+        this run's keys and the final metrics. A sweep's jobs leave it to the sweep
+        (``experiment=False``), whose experiment (:mod:`heatinv.callbacks`) lists the keys
+        that vary between its jobs.
         """
-        with Summaries(os.path.join(self.logdir, "hparams"), self.axis) as row:
-            row.writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=hp.hparams_pb(hparams, trial_id=trial_id)))
-            row.tagged(0, {f"final/{name}": final[name] for name in FINAL_METRICS if name in final})
+        self.tagged(0, {f"final/{name}": final[name] for name in FINAL_METRICS if name in final})
+        summaries = [hp.hparams_pb(hparams, trial_id=trial_id)]
+        if experiment:
+            metrics = [hp.Metric(f"final/{name}", display_name=name) for name in FINAL_METRICS]
+            summaries.append(hp.hparams_config_pb(hparams=[hp.HParam(key) for key in hparams], metrics=metrics))
+        for summary in summaries:
+            self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
 
     def _write(self, step: int, values: list[tuple[str, np.ndarray, object]]) -> None:
         """One event at ``step``; each tag's plugin metadata goes with its first value (as ``tf.summary`` does)."""
