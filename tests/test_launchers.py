@@ -310,6 +310,9 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
 
     # Rows: one per job, its overrides' values and its metrics.json.
     assert len(groups) == len(summary["jobs"]), groups
+    # Issue #18: a row is named after its run directory relative to outputs/; this sweep lies
+    # outside outputs/ (hydra.sweep.dir), so each row is named after its job's folder.
+    assert sorted(group["name"] for group in groups) == sorted(job["dir"] for job in summary["jobs"])
     rows = {group["hparams"]["loss.name"]: group for group in groups}
     for job in summary["jobs"]:
         row = rows[override(job, "loss")]

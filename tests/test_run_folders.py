@@ -1,4 +1,5 @@
-"""A single run's folder is named after its overrides, and the resume command it prints reads back.
+"""A single run's folder is named after its overrides, the resume command it prints reads back, and
+its HParams row is named after the folder.
 
 ``configs/hydra/default.yaml`` names a run ``outputs/<date>/<time>_<overrides>`` (Hydra's
 ``override_dirname``, as a sweep's job folders); such a name holds ``=`` and ``,``, which
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
 
 from conftest import SMOKE
 from heatinv.checkpoints import run_dir_override
@@ -77,3 +80,12 @@ def test_a_run_is_named_after_its_overrides_and_resumes_from_the_printed_command
     assert f"resuming {run_dir} after step 10 of 30" in resumed.stdout
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 30
     assert [p.name for p in (tmp_path / "outputs").glob("*/*")] == [run_dir.name]  # no second folder
+
+    # Issue #18: the HParams row is named after the run directory relative to outputs/
+    # (paths.root), so rows of runs started the same second in different days stay apart.
+    accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    assert start.group_name == f"{run_dir.parent.name}/{run_dir.name}"
+    assert start.hparams["loss.name"].string_value == "l1"
