@@ -6,9 +6,9 @@ and sweeper. When a sweep ends, it writes into the sweep directory
 - ``sweep_summary.json``: each job's number, directory, overrides, status (``ok`` or
   ``failed``, with the error) and metrics, which jobs failed and the best job by
   ``objective``;
-- the HParams experiment (``hp.hparams_config``): the swept config keys and the final
-  metrics ``final/<metric>``, so ``tensorboard --logdir <sweep dir>`` shows one row per job
-  with its values and metrics, and no column for every gradient norm.
+- the HParams experiment (``hp.hparams_config``), in each job's run: the swept config keys
+  and the final metrics ``final/<metric>``, so ``tensorboard --logdir <sweep dir>`` shows one
+  run and one row per job with its values and metrics, and no column for every gradient norm.
 
 A job that fails is recorded where it ran (a worker process, a Ray actor, a Slurm node): the
 callback writes ``heatinv job failed: <type>: <message>`` and the traceback to the job's log
@@ -275,12 +275,15 @@ def _domain(values: list):
     return None
 
 
-def write_hparams_config(sweep_dir: str, jobs: list[dict], metrics=FINAL_METRICS) -> Optional[str]:
-    """The HParams experiment for the sweep's jobs, as an event file in ``sweep_dir``.
+def write_hparams_config(sweep_dir: str, jobs: list[dict], metrics=FINAL_METRICS) -> list[str]:
+    """The HParams experiment for the sweep's jobs, as an event file in each job's run.
 
     Each job's own run (``<job>/tensorboard``) holds its session (``hp.hparams``) and the
     scalars ``final/<metric>``; this experiment names which of them the dashboard shows.
-    Returns the event file's path (None when no job has a TensorBoard run).
+    It goes into every job's run rather than the sweep directory, where it would be a run of
+    its own in TensorBoard's run list: TensorBoard takes the first experiment it finds, and
+    every copy is the same, so one job is one run whichever folder a person opens.
+    Returns the event files' paths (none when no job has a TensorBoard run).
     """
     from tensorboard.compat.proto import event_pb2
     from tensorboard.plugins.hparams import api as hp
@@ -289,7 +292,7 @@ def write_hparams_config(sweep_dir: str, jobs: list[dict], metrics=FINAL_METRICS
 
     with_runs = [job for job in jobs if os.path.isdir(os.path.join(sweep_dir, job["dir"], "tensorboard"))]
     if not with_runs:
-        return None
+        return []
     dirs = [os.path.join(sweep_dir, job["dir"]) for job in with_runs]
     values = swept_hparams(dirs, [job["overrides"] for job in with_runs])
     hparams = []
@@ -305,10 +308,13 @@ def write_hparams_config(sweep_dir: str, jobs: list[dict], metrics=FINAL_METRICS
         info.differs = len({json.dumps(v, sort_keys=True) for v in values[info.name]}) > 1
     value.metadata.plugin_data.content = data.SerializeToString()
 
-    for old in glob.glob(os.path.join(sweep_dir, f"events.out.tfevents.*{HPARAMS_EVENTS_SUFFIX}")):
-        os.remove(old)  # one experiment per sweep directory, the latest
-    writer = EventFileWriter(sweep_dir, filename_suffix=HPARAMS_EVENTS_SUFFIX)
-    writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
-    writer.close()
-    (path,) = glob.glob(os.path.join(sweep_dir, f"events.out.tfevents.*{HPARAMS_EVENTS_SUFFIX}"))
-    return path
+    paths = []
+    for job_dir in dirs:
+        run = os.path.join(job_dir, "tensorboard")
+        for old in glob.glob(os.path.join(run, f"events.out.tfevents.*{HPARAMS_EVENTS_SUFFIX}")):
+            os.remove(old)  # one experiment per job's run, the latest
+        writer = EventFileWriter(run, filename_suffix=HPARAMS_EVENTS_SUFFIX)
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
+        writer.close()
+        paths += glob.glob(os.path.join(run, f"events.out.tfevents.*{HPARAMS_EVENTS_SUFFIX}"))
+    return paths

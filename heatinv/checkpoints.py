@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -35,6 +36,24 @@ class RunDirectoryError(ValueError):
     """The run directory holds results that this run would overwrite."""
 
 
+def run_dir_override(out: str) -> str:
+    """``hydra.run.dir=<out>`` as one shell word that Hydra reads back as ``out``.
+
+    A run folder named after its overrides (``23-37-04_loss=l1,optimizer.lr=0.1``) holds
+    ``=`` and ``,``, which Hydra's override grammar reads as syntax unless the value is quoted.
+
+    Example:
+    >>> run_dir_override("outputs/d/23-37-04"), run_dir_override("outputs/d/23-37-04_loss=l1")
+    ('hydra.run.dir=outputs/d/23-37-04', '"hydra.run.dir=\'outputs/d/23-37-04_loss=l1\'"')
+    """
+    if re.fullmatch(r"[\w./:@+~-]+", out):
+        return f"hydra.run.dir={out}"
+    # In Hydra's quoted strings a backslash escapes only a quote or the backslashes before one.
+    escaped = re.sub(r"(\\*)('|$)", lambda m: 2 * m.group(1) + ("\\'" if m.group(2) else ""), out)
+    quoted = f"hydra.run.dir='{escaped}'"
+    return f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)
+
+
 class RunInterrupted(Exception):
     """SIGTERM (pre-emption, ``kill``) or Ctrl-C stopped the run between two steps, after a checkpoint."""
 
@@ -42,7 +61,7 @@ class RunInterrupted(Exception):
         self.out, self.completed, self.checkpoint, self.signum = out, completed, checkpoint, signum
         super().__init__(
             f"{signal.Signals(signum).name} received: stopped after step {completed} and saved checkpoint "
-            f"{checkpoint}. Resume with the same command plus: hydra.run.dir={out} trainer.resume=true"
+            f"{checkpoint}. Resume with the same command plus: {run_dir_override(out)} trainer.resume=true"
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from heatinv.data import DATASET_NAMES, TABULAR_NAMES
 from heatinv.lrp import COMPOSITES
@@ -267,5 +267,18 @@ def _get(cfg, dotted: str):
 
 
 def register() -> None:
-    """Register the schema with Hydra's ConfigStore as ``train_schema``."""
+    """Register the schema with Hydra's ConfigStore as ``train_schema``, and :func:`run_folder_name`
+    as the resolver ``heatinv.run_folder`` (``configs/hydra/default.yaml`` names run folders with it)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("heatinv.run_folder"):
+        OmegaConf.register_new_resolver("heatinv.run_folder", run_folder_name)
+
+
+def run_folder_name(time: str, overrides: str) -> str:
+    """A single run's folder: its start time, then what its command line changes (as a sweep's job folders).
+
+    Example:
+    >>> run_folder_name("23-37-04", "loss=l1"), run_folder_name("23-37-04", "")
+    ('23-37-04_loss=l1', '23-37-04')
+    """
+    return f"{time}_{overrides}" if overrides else time

@@ -42,8 +42,8 @@ from heatinv.progress import Progress
 from heatinv.summaries import Summaries
 
 TEST_SIGNAL_VARIABLE = "HEATINV_TEST_SIGNAL_AT_STEP"
-RARE_LOGS = 10
-"""About how many log steps of a run also write histograms and images (each costs ~100 scalars)."""
+RARE_LOGS = 5
+"""About how many log steps of a run also write histograms, images and every similarity (the costly summaries)."""
 
 log = logging.getLogger(__name__)
 

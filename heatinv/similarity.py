@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 # Floor for norms and for the SSIM range. Small enough not to bias real LRP
@@ -140,6 +141,22 @@ def cosine(heatmap, target) -> tf.Tensor:
     """
     heatmap, target = _prepare(heatmap, target)
     return _cosine_rows(_flatten(heatmap), _flatten(target))
+
+
+def cosine_numpy(heatmap, target) -> np.ndarray:
+    """:func:`cosine` in NumPy (float64), for a value read at a log step without tracing a graph.
+
+    Example:
+
+    >>> cosine_numpy(np.ones((2, 3)), -np.ones((2, 3))).tolist()
+    [-1.0, -1.0]
+    """
+    a = np.asarray(heatmap, np.float64).reshape(len(heatmap), -1)
+    b = np.asarray(target, np.float64).reshape(len(target), -1)
+    if a.shape != b.shape:
+        raise ValueError(f"cosine_numpy: heatmap has shape {np.shape(heatmap)}, target {np.shape(target)}; expected identical shapes.")
+    norms = np.sqrt(np.maximum((a * a).sum(-1), EPSILON**2)) * np.sqrt(np.maximum((b * b).sum(-1), EPSILON**2))
+    return np.clip((a * b).sum(-1) / norms, -1.0, 1.0)
 
 
 def pearson(heatmap, target) -> tf.Tensor:

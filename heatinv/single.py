@@ -23,7 +23,7 @@ from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
 from heatinv.figures import feature_figure, heatmap_figure
-from heatinv.similarity import cosine, similarity_numpy
+from heatinv.similarity import cosine_numpy, similarity_numpy
 from heatinv.step import compile_step, make_optimizer, schedule
 from heatinv.summaries import Summaries
 
@@ -64,7 +64,6 @@ class SingleTask:
         )
         self.variables = self.student.trainable_variables
         self.state: dict = {}
-        self.cosine = tf.function(cosine)
         self.initial = self.explainer(self.x, self.label).numpy()  # before any resume: the run's own start
         self.findings = self.diagnose()
         if self.findings:
@@ -101,14 +100,15 @@ class SingleTask:
     def log(self, summaries: Summaries, call: Call, result: dict) -> dict[str, float]:
         """Loss and cosine at a log step; the other similarities and the current heatmap at a rare one.
 
-        The four similarities took 22 ms per call (eager, 2 CPU cores), the compiled cosine
-        alone 0.3 ms: at every log step of a fast run the four would cost a tenth of its time.
+        The four similarities took 22-90 ms per call (eager, 2 CPU cores): at every log step
+        of a fast run they would cost a tenth of its time. The cosine alone is computed in
+        NumPy (a compiled one costs ~0.4 s to trace, the share of a short run's summaries).
         The last step is logged by :meth:`finish`.
         """
         if call.rare:
             scores = similarity_numpy(result["heatmap"], self.target_map)
         else:
-            scores = {"cosine": float(self.cosine(result["heatmap"], self.target_map)[0])}
+            scores = {"cosine": float(cosine_numpy(result["heatmap"].numpy(), self.target.heatmap)[0])}
         if call.done < self.total:
             summaries.match(call.done, {"loss": float(result["loss"]), **scores})
             if call.rare and self.target.image.ndim == 4:  # a table's relevance per feature is drawn once, in finish()

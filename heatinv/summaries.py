@@ -9,7 +9,7 @@ that the two tasks' values never share a tag:
 - ``2_train_per_epoch/``: the dataset task's mean training terms;
 - ``3_health_per_<axis>/``: ``nonfinite_steps`` and ``zero_grad_fraction/<layer>/<variable>``;
 - ``4_grad_norm_per_<axis>/<layer>/<variable>``;
-- ``final/<metric>``: one value per run, for the HParams dashboard (in ``<logdir>/hparams``).
+- ``final/<metric>``: one value per run, the HParams dashboard's metrics (with the run's session).
 
 Images ``heatmap/{input,target,initial}`` are written once, ``heatmap/current`` a few times over
 the run, and ``heatmap/figure`` (the labelled figure of ``heatmaps.png``) at the end;
@@ -19,12 +19,21 @@ histograms ``weights/...`` and ``gradients/...``; text ``config``, ``target``, `
 
 from __future__ import annotations
 
+import io
 import os
+import time
 
 import numpy as np
-import tensorflow as tf
+import PIL.Image
 from omegaconf import OmegaConf
+from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.histogram import metadata as histogram_plugin
+from tensorboard.plugins.image import metadata as image_plugin
+from tensorboard.plugins.scalar import metadata as scalar_plugin
+from tensorboard.plugins.text import metadata as text_plugin
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
 
 from heatinv.figures import to_rgb
 from heatinv.final_metrics import FINAL_METRICS
@@ -46,6 +55,13 @@ HPARAM_KEYS = (
     "task.epochs",
 )
 """Keys every run's HParams row shows (what a person tells runs apart by); overridden keys are added."""
+
+HISTOGRAM_BUCKETS = 30  # tf.summary.histogram's default
+
+scalar_metadata = scalar_plugin.create_summary_metadata(display_name=None, description=None)
+histogram_metadata = histogram_plugin.create_summary_metadata(display_name=None, description=None)
+image_metadata = image_plugin.create_summary_metadata(display_name=None, description=None)
+text_metadata = text_plugin.create_summary_metadata(display_name=None, description=None)
 
 
 def trial_name(out: str, root: str) -> str:
@@ -99,18 +115,31 @@ def compared_hparams(flat: dict, overrides: list[str] = ()) -> dict:
 
 
 class Summaries:
-    """One run's event files under ``logdir``; use as a context manager so it always closes.
+    """One run's event file under ``logdir``; use as a context manager so it always closes.
+
+    Every summary is built here as TensorBoard's own protocol buffer from numpy values and
+    appended to one event file by TensorBoard's Python writer: no TensorFlow op runs and no
+    ``tf.function`` is traced, so a log step costs what its values cost to copy (a log step's
+    ~20 scalars took 20 ms as eager ``tf.summary`` calls and ~0.1 s to trace as one compiled
+    call per set of tags, measured on 2 CPU cores), and the tags and formats are those of
+    ``tf.summary`` (scalars, histograms, images and text as tensors with their plugin's metadata).
 
     Args:
         logdir: the run's TensorBoard folder.
         axis: what a step of this run's time series is (``"step"`` or ``"epoch"``); it names
             the groups, so per-step and per-epoch values never share a tag.
+
+    Example:
+    >>> with Summaries(os.path.join(out, "tensorboard")) as summaries:  # doctest: +SKIP
+    ...     summaries.match(25, {"loss": 0.1, "cosine": 0.9})
     """
 
     def __init__(self, logdir: str, axis: str = "step"):
         self.logdir, self.axis = logdir, axis
-        self.writer = tf.summary.create_file_writer(logdir)
-        self._compiled: dict[tuple[str, ...], object] = {}
+        os.makedirs(logdir, exist_ok=True)
+        # Its file name holds the time, the pid and a per-process count: a resumed run gets a file of its own.
+        self.writer = EventFileWriter(logdir, filename_suffix=".heatinv")
+        self._described: set[str] = set()
 
     def __enter__(self) -> "Summaries":
         return self
@@ -119,7 +148,6 @@ class Summaries:
         self.close()
 
     def close(self) -> None:
-        self.writer.flush()
         self.writer.close()
 
     def tag(self, group: str, name: str) -> str:
@@ -127,32 +155,12 @@ class Summaries:
         return f"{group}_per_{self.axis}/{name}"
 
     def scalars(self, step: int, group: str, values: dict[str, float]) -> None:
-        """``values`` under ``group``, written by one compiled function per set of tags.
-
-        Written one eager ``tf.summary.scalar`` at a time, a log step's ~20 scalars took
-        20 ms (measured on 2 CPU cores), which at every 25th step of a fast run is a large
-        share of its time; compiled, they take under 2 ms.
-        """
+        """``values`` under ``group``, as one event."""
         self.tagged(step, {self.tag(group, name): value for name, value in values.items()})
 
     def tagged(self, step: int, values: dict[str, float]) -> None:
-        """Scalars by their full tags, in one compiled call (see :meth:`scalars`)."""
-        tags = tuple(values)
-        write = self._compiled.get(tags)
-        if write is None:
-            write = self._compiled[tags] = self._scalar_writer(tags)
-        write(tf.constant(step, tf.int64), tf.constant([float(v) for v in values.values()], tf.float32))
-
-    def _scalar_writer(self, tags: tuple[str, ...]):
-        writer = self.writer
-
-        @tf.function(autograph=False)
-        def write(step, values):
-            with writer.as_default(step=step):
-                for k, tag in enumerate(tags):
-                    tf.summary.scalar(tag, values[k])
-
-        return write
+        """Scalars by their full tags, as one event."""
+        self._write(step, [(tag, np.asarray(float(v), np.float32), scalar_metadata) for tag, v in values.items()])
 
     def match(self, step: int, values: dict[str, float]) -> None:
         """The match group; a ``cosine`` also gives ``one_minus_cosine`` (for a log-scale view)."""
@@ -162,7 +170,7 @@ class Summaries:
 
     def health(self, step: int, nonfinite_steps: int, variables=(), norms=(), zero_fractions=()) -> None:
         """Skipped non-finite steps so far and, when measured, each variable's gradient norm
-        and the share of its gradient that is exactly zero; one compiled call."""
+        and the share of its gradient that is exactly zero; one event."""
         names = [variable_tag(variable) for variable in variables]
         values = {self.tag(HEALTH, "nonfinite_steps"): nonfinite_steps}
         values.update({self.tag(HEALTH, f"zero_grad_fraction/{name}"): zeros for name, zeros in zip(names, zero_fractions)})
@@ -170,12 +178,14 @@ class Summaries:
         self.tagged(step, values)
 
     def histograms(self, step: int, variables, gradients=None) -> None:
-        with self.writer.as_default(step=step):
-            for k, variable in enumerate(variables):
-                tag = variable_tag(variable)
-                tf.summary.histogram(f"weights/{tag}", variable)
-                if gradients is not None:
-                    tf.summary.histogram(f"gradients/{tag}", gradients[k])
+        """``weights/<variable>`` and, when given, ``gradients/<variable>``: 30 equal-width buckets."""
+        values = []
+        for k, variable in enumerate(variables):
+            tag = variable_tag(variable)
+            values.append((f"weights/{tag}", histogram_buckets(_numpy(variable)), histogram_metadata))
+            if gradients is not None:
+                values.append((f"gradients/{tag}", histogram_buckets(_numpy(gradients[k])), histogram_metadata))
+        self._write(step, values)
 
     def heatmaps_once(self, image: np.ndarray, target: np.ndarray, initial: np.ndarray) -> None:
         """Input, target and initial heatmap, at step 0 (each its own tag, so none is dropped)."""
@@ -196,33 +206,78 @@ class Summaries:
         self._images(step, {tag: to_rgb(fig)})
 
     def _images(self, step: int, tiles: dict[str, np.ndarray]) -> None:
-        with self.writer.as_default(step=step):
-            for tag, rgb in tiles.items():
-                tf.summary.image(tag, rgb[None], step=step)
+        self._write(step, [(tag, image_tensor(rgb), image_metadata) for tag, rgb in tiles.items()])
 
     def text(self, tag: str, body: str, step: int = 0) -> None:
-        with self.writer.as_default(step=step):
-            tf.summary.text(tag, body)
+        self._write(step, [(tag, np.asarray(body.encode(), dtype=object), text_metadata)])
 
     def preformatted(self, tag: str, body: str, step: int = 0) -> None:
         """Text that keeps its line breaks and columns in the Text tab (a markdown code block)."""
         self.text(tag, "```\n" + body.strip("\n") + "\n```", step)
 
-    def hparams(self, hparams: dict, final: dict[str, float], trial_id: str) -> None:
-        """The HParams dashboard's row for this run, in the run's own ``hparams`` folder.
+    def hparams(self, hparams: dict, final: dict[str, float], trial_id: str, experiment: bool = True) -> None:
+        """The HParams dashboard's row for this run, in the run itself (one job, one run).
 
-        TensorBoard takes a row's metric columns from every scalar under the row's folder; in
-        a folder of their own the row's metrics are the :data:`FINAL_METRICS` the run measured
-        (``final/<name>``), not every gradient norm. A sweep's experiment
-        (:mod:`heatinv.callbacks`) names the columns of its jobs.
+        The row is the run's session (``hparams``) and its :data:`FINAL_METRICS` as scalars
+        ``final/<name>``. Without an experiment TensorBoard would take every scalar of the run
+        (each gradient norm, each curve) as a metric column; the experiment names the columns:
+        this run's keys and the final metrics. A sweep's jobs leave it to the sweep
+        (``experiment=False``), whose experiment (:mod:`heatinv.callbacks`) lists the keys
+        that vary between its jobs.
         """
-        writer = tf.summary.create_file_writer(os.path.join(self.logdir, "hparams"))
-        with writer.as_default(step=0):
-            hp.hparams(hparams, trial_id=trial_id)
-            for name in FINAL_METRICS:
-                if name in final:
-                    tf.summary.scalar(f"final/{name}", final[name])
-        writer.close()
+        self.tagged(0, {f"final/{name}": final[name] for name in FINAL_METRICS if name in final})
+        summaries = [hp.hparams_pb(hparams, trial_id=trial_id)]
+        if experiment:
+            metrics = [hp.Metric(f"final/{name}", display_name=name) for name in FINAL_METRICS]
+            summaries.append(hp.hparams_config_pb(hparams=[hp.HParam(key) for key in hparams], metrics=metrics))
+        for summary in summaries:
+            self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
+
+    def _write(self, step: int, values: list[tuple[str, np.ndarray, object]]) -> None:
+        """One event at ``step``; each tag's plugin metadata goes with its first value (as ``tf.summary`` does)."""
+        summary = summary_pb2.Summary()
+        for tag, array, metadata in values:
+            value = summary.value.add(tag=tag, tensor=tensor_util.make_tensor_proto(array))
+            if tag not in self._described:
+                value.metadata.CopyFrom(metadata)
+                self._described.add(tag)
+        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+
+def histogram_buckets(data: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> np.ndarray:
+    """``[buckets, 3]``: left edge, right edge and count of equal-width buckets over the finite values.
+
+    The layout of TensorBoard's histogram plugin; values all equal fill the last bucket (as
+    ``tf.summary.histogram`` does), and non-finite values are left out.
+
+    Example:
+    >>> histogram_buckets(np.array([0.0, 1.0, 1.0, 2.0]), buckets=2)[:, 2].tolist()
+    [1.0, 3.0]
+    """
+    values = np.asarray(data, np.float64).ravel()
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return np.zeros((buckets, 3))
+    low, high = values.min(), values.max()
+    if low == high:
+        counts = np.zeros(buckets)
+        counts[-1] = values.size
+        return np.stack([np.full(buckets, low), np.full(buckets, high), counts], axis=1)
+    counts, edges = np.histogram(values, bins=buckets, range=(low, high))
+    return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)
+
+
+def image_tensor(rgb: np.ndarray) -> np.ndarray:
+    """What TensorBoard's Images tab reads: width, height and the PNG, as three strings."""
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(np.asarray(rgb, np.uint8)).save(buffer, format="PNG")
+    height, width = rgb.shape[:2]
+    return np.array([str(width).encode(), str(height).encode(), buffer.getvalue()], dtype=object)
+
+
+def _numpy(value) -> np.ndarray:
+    """A variable's or tensor's values (Keras variables read through ``numpy()``, not ``__array__``)."""
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
 def _scale(target: np.ndarray) -> float | None:

@@ -101,7 +101,7 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
         loop = train(task, checkpointer, start, trainer, summaries, task.variables)
         metrics = task.finish(summaries, loop)
         hparams = compared_hparams(flat_config(cfg), _command_line_overrides())
-        summaries.hparams(hparams, metrics, trial_id=trial_name(out, cfg.paths.root))
+        summaries.hparams(hparams, metrics, trial_id=trial_name(out, cfg.paths.root), experiment=not _in_sweep())
     task.write(out, metrics)
     if loop.stopped is not None:
         raise GradientsVanished(loop.stopped, loop.findings, loop.why)

@@ -222,6 +222,12 @@ def post_json(url: str, body: dict, timeout: float = 10) -> dict:
         return json.load(response)
 
 
+def get_json(url: str, timeout: float = 10):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never a proxy
+    with opener.open(url, timeout=timeout) as response:
+        return json.load(response)
+
+
 class TensorBoard:
     """``tensorboard --logdir <dir>`` on 127.0.0.1 and a free port, for at most ``deadline`` seconds."""
 
@@ -287,8 +293,12 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
                 break
             time.sleep(1)
         experiment = board.hparams("experiment", {})
+        runs = get_json(f"{board.url}/data/runs")
     finally:
         board.close()
+
+    # One job, one run in the run selector: no run for the sweep's experiment, none for the rows.
+    assert sorted(runs) == sorted(f"{job['dir']}/tensorboard" for job in summary["jobs"]), runs
 
     # Columns: the keys the command line sets (every key of the `loss` group, trainer.steps),
     # final metrics; the keys debug=smoke sets (a global package) are not overrides of their own.
@@ -300,6 +310,9 @@ def test_tensorboard_hparams_shows_one_row_per_job(joblib_sweep):
 
     # Rows: one per job, its overrides' values and its metrics.json.
     assert len(groups) == len(summary["jobs"]), groups
+    # Issue #18: a row is named after its run directory relative to outputs/; this sweep lies
+    # outside outputs/ (hydra.sweep.dir), so each row is named after its job's folder.
+    assert sorted(group["name"] for group in groups) == sorted(job["dir"] for job in summary["jobs"])
     rows = {group["hparams"]["loss.name"]: group for group in groups}
     for job in summary["jobs"]:
         row = rows[override(job, "loss")]
@@ -366,10 +379,16 @@ def test_sweep_summary_lists_each_job_and_writes_the_hparams_experiment(tmp_path
     assert jobs[2]["error"] == "ValueError: index=9999 is out of range"
     assert "no metrics.json" in jobs[3]["error"] and jobs[3]["metrics"] is None
 
-    accumulator = EventAccumulator(str(sweep), size_guidance={"tensors": 0})
-    accumulator.Reload()
-    content = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG]
-    experiment = metadata.parse_experiment_plugin_data(content)
+    # The experiment is in each job's run (0 and 1 have one), not a run of its own in the sweep directory.
+    assert not [f for f in os.listdir(sweep) if f.startswith("events.out.tfevents")]
+    experiments = []
+    for job in ("0", "1"):
+        accumulator = EventAccumulator(str(sweep / job / "tensorboard"), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        content = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG]
+        experiments.append(metadata.parse_experiment_plugin_data(content))
+    experiment = experiments[0]
+    assert experiments[1] == experiment  # whichever TensorBoard finds first, the same columns
     infos = {info.name: info for info in experiment.hparam_infos}
     # Jobs with a TensorBoard run only (0 and 1); their `loss` group keys; not paths, not lrp.
     assert set(infos) == {"loss.name", "loss.delta", "loss.normalize"}
@@ -377,8 +396,9 @@ def test_sweep_summary_lists_each_job_and_writes_the_hparams_experiment(tmp_path
     assert not infos["loss.delta"].differs
     assert [m.name.tag for m in experiment.metric_infos] == [f"final/{name}" for name in FINAL]
 
-    callback.on_multirun_end(config)  # written again: still one experiment file
-    assert len([f for f in os.listdir(sweep) if f.startswith("events.out.tfevents")]) == 1
+    callback.on_multirun_end(config)  # written again: still one experiment file per job's run
+    for job in ("0", "1"):
+        assert len([f for f in os.listdir(sweep / job / "tensorboard") if f.startswith("events.out.tfevents")]) == 1
 
 
 def test_summary_metrics_are_the_ones_each_run_logs():

@@ -231,6 +231,8 @@ def test_every_experiment_runs_through_the_command_line_with_the_debug_config(ex
         train_command(run_dir, reference_cache, f"experiment={experiment}"), capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # A quiet console: no TensorFlow retracing warning (the summaries trace no tf.function).
+    assert "retracing" not in done.stdout + done.stderr, done.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     for key in ("cosine", "success_rate", "student_accuracy", "reference_accuracy", "agreement"):
         assert 0 <= metrics[key] <= 1 or key == "cosine", (key, metrics[key])

@@ -24,6 +24,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from conftest import compose_run
 from heatinv.build import build_parts, explainer_for, single_target
 from heatinv.data import load_dataset
+from heatinv.final_metrics import FINAL_METRICS
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.models import Architecture, accuracy, build_model
@@ -203,24 +204,27 @@ def test_tensorboard_text_is_preformatted(default_run):
 
 def test_tensorboard_hparams_row_holds_compared_keys_and_final_metrics(default_run):
     out, metrics = default_run
-    # The row lives in its own folder, so its metric columns are the final metrics, no gradient norm.
-    accumulator = EventAccumulator(os.path.join(out, "tensorboard", "hparams"), size_guidance={"tensors": 0})
-    accumulator.Reload()
+    # One job, one run: the row (session and final metrics) lives in the run itself ...
+    assert all(name.startswith("events.out.tfevents.") for name in os.listdir(os.path.join(out, "tensorboard")))  # no sub-run
+    accumulator = events(out)
     content = accumulator.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     hparams = {key: value for key, value in start.hparams.items()}
-    assert set(hparams) == {"task.kind", "model.name", "target.kind", "init.kind", "loss.name", "lrp.composite",
-                            "optimizer.name", "optimizer.lr", "trainer.steps", "task.epochs"}
+    keys = {"task.kind", "model.name", "target.kind", "init.kind", "loss.name", "lrp.composite",
+            "optimizer.name", "optimizer.lr", "trainer.steps", "task.epochs"}
+    assert set(hparams) == keys
     assert hparams["loss.name"].string_value == "mse" and hparams["trainer.steps"].number_value == 4
     assert start.group_name == os.path.basename(out)
-    scalar_tags = {tag for tag in accumulator.Tags()["tensors"] if plugin_of(accumulator, tag) == "scalars"}
     measured = ("objective", "loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
-    assert scalar_tags == {f"final/{name}" for name in measured}  # no success rate: the single task has none
+    assert {tag for tag in accumulator.Tags()["tensors"] if tag.startswith("final/")} == {f"final/{name}" for name in measured}
     for name in measured:
         ((_, value),) = scalar_series(accumulator, f"final/{name}")
         assert value == pytest.approx(metrics[name], rel=1e-6)
-    # ... and not in the run's own folder, where they would be single dots among the curves.
-    assert not any(tag.startswith("final/") for tag in events(out).Tags()["tensors"])
+    # ... and its experiment names the columns: these keys and the final metrics, no gradient norm
+    # (without one, TensorBoard would take every scalar of the run as a metric).
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert {info.name for info in experiment.hparam_infos} == keys
+    assert [m.name.tag for m in experiment.metric_infos] == [f"final/{name}" for name in FINAL_METRICS]
 
 
 def test_hparams_row_adds_the_command_lines_keys():

@@ -1,0 +1,91 @@
+"""A single run's folder is named after its overrides, the resume command it prints reads back, and
+its HParams row is named after the folder.
+
+``configs/hydra/default.yaml`` names a run ``outputs/<date>/<time>_<overrides>`` (Hydra's
+``override_dirname``, as a sweep's job folders); such a name holds ``=`` and ``,``, which
+Hydra's override grammar reads as syntax, so the printed resume command quotes it. The checks
+read the name and the command back through Hydra's own parser and a shell's word splitting
+(:func:`shlex.split`), not through heatinv's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from conftest import SMOKE
+from heatinv.checkpoints import run_dir_override
+from heatinv.config import run_folder_name
+from heatinv.loop import TEST_SIGNAL_VARIABLE
+
+HANG_LIMIT = 900  # seconds; a hang detector, not a performance check
+
+
+def test_a_run_without_overrides_is_named_by_its_time_only():
+    assert run_folder_name("23-37-04", "") == "23-37-04"
+    assert run_folder_name("23-37-04", "loss=l1,optimizer.lr=0.1") == "23-37-04_loss=l1,optimizer.lr=0.1"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/tmp/outputs/2026-11-30/23-37-04",
+        "/tmp/outputs/2026-11-30/23-37-04_loss=l1",
+        "/tmp/outputs/2026-11-30/23-37-04_loss=l1,optimizer.lr=0.1",
+        "/tmp/my outputs/23-37-04_target.label=[3,5]",
+        "/tmp/it's/$HOME/a\\b/23-37-04_x=1",
+        "/tmp/ends/in\\",
+    ],
+)
+def test_the_resume_override_is_one_shell_word_that_hydra_reads_back_as_the_path(path):
+    words = shlex.split(run_dir_override(path))
+    assert len(words) == 1
+    override = OverridesParser.create().parse_override(words[0])
+    assert override.get_key_element() == "hydra.run.dir" and override.value() == path
+    assert not override.is_sweep_override()
+
+
+@pytest.mark.slow
+def test_a_run_is_named_after_its_overrides_and_resumes_from_the_printed_command(tmp_path, reference_cache):
+    overrides = ["loss=l1", "trainer.steps=30", "trainer.steps_per_execution=5", "trainer.log_every=10",
+                 "trainer.checkpoint_every=100"]
+    command = [sys.executable, "-m", "heatinv.train", SMOKE, f"paths.cache_dir={reference_cache}", *overrides]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TEST_SIGNAL_VARIABLE: "10:SIGINT"}
+    stopped = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    # Hydra's override_dirname: the overrides sorted, path-valued keys (paths.cache_dir) left out.
+    expected = ",".join(sorted([SMOKE, *overrides]))
+    assert re.fullmatch(r"\d\d-\d\d-\d\d_" + re.escape(expected), run_dir.name), run_dir.name
+    assert (run_dir / "checkpoints" / "ckpt-10.index").is_file()
+
+    hint = re.search(r"Resume with the same command plus: (.*) trainer\.resume=true", stopped.stderr)
+    assert hint, stopped.stderr[-3000:]
+    resume = shlex.split(hint.group(1))
+    env.pop(TEST_SIGNAL_VARIABLE)
+    resumed = subprocess.run(command + resume + ["trainer.resume=true"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=HANG_LIMIT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir} after step 10 of 30" in resumed.stdout
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 30
+    assert [p.name for p in (tmp_path / "outputs").glob("*/*")] == [run_dir.name]  # no second folder
+
+    # Issue #18: the HParams row is named after the run directory relative to outputs/
+    # (paths.root), so rows of runs started the same second in different days stay apart.
+    accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    assert start.group_name == f"{run_dir.parent.name}/{run_dir.name}"
+    assert start.hparams["loss.name"].string_value == "l1"

@@ -1,0 +1,58 @@
+"""The summaries' own encodings, checked against TensorBoard's and TensorFlow's implementations.
+
+:class:`heatinv.summaries.Summaries` builds its records from numpy instead of calling
+``tf.summary``; these tests compare what it writes with what TensorBoard's histogram
+implementation computes and what TensorFlow's PNG decoder reads, and read a whole event
+file back through TensorBoard's ``EventAccumulator``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+from tensorboard.plugins.histogram.summary_v2 import histogram_pb
+from tensorboard.util import tensor_util
+
+from heatinv.summaries import Summaries, histogram_buckets, image_tensor
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_histogram_buckets_match_tensorboards_own_histogram(size):
+    data = np.random.default_rng(size).normal(size=size)
+    expected = tensor_util.make_ndarray(histogram_pb("h", data).value[0].tensor)
+    np.testing.assert_allclose(histogram_buckets(data), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_histogram_buckets_of_constant_and_nonfinite_values():
+    constant = histogram_buckets(np.full(5, 2.5))
+    expected = tensor_util.make_ndarray(histogram_pb("h", np.full(5, 2.5)).value[0].tensor)
+    np.testing.assert_array_equal(constant, expected)  # all in the last bucket, as TensorBoard does
+    mixed = histogram_buckets(np.array([0.0, 1.0, np.nan, np.inf, -np.inf]), buckets=2)
+    assert mixed[:, 2].tolist() == [1.0, 1.0]  # only the finite values are counted
+    assert histogram_buckets(np.array([np.nan]), buckets=3).tolist() == [[0.0, 0.0, 0.0]] * 3
+
+
+def test_image_tensor_is_width_height_and_a_png_of_the_pixels():
+    rgb = np.random.default_rng(0).integers(0, 256, size=(5, 9, 3), dtype=np.uint8)
+    width, height, png = image_tensor(rgb)
+    assert (int(width), int(height)) == (9, 5)
+    np.testing.assert_array_equal(tf.io.decode_png(png).numpy(), rgb)
+
+
+def test_event_file_reads_back_with_plugins_and_steps(tmp_path):
+    with Summaries(str(tmp_path), axis="step") as summaries:
+        summaries.match(3, {"loss": 0.5, "cosine": 0.25})
+        summaries.match(6, {"loss": 0.25, "cosine": 0.75})
+        summaries.text("note", "a\nb")
+        summaries.hparams({"loss.name": "l1"}, {"cosine": 0.75, "objective": 0.25}, trial_id="run")
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    series = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events.Tensors("1_match_per_step/one_minus_cosine")]
+    assert series == [(3, 0.75), (6, 0.25)]
+    assert events.SummaryMetadata("1_match_per_step/loss").plugin_data.plugin_name == "scalars"
+    assert events.SummaryMetadata("note").plugin_data.plugin_name == "text"
+    assert tf.make_ndarray(events.Tensors("note")[0].tensor_proto).item() == b"a\nb"
+    assert [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("final/cosine")] == [0.75]
+    assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/experiment"}
