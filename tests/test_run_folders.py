@@ -16,7 +16,6 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
