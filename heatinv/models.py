@@ -307,7 +307,7 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE, restore_best_weights=True)
         if dataset.streamed:  # the folder's batches are decoded as fit reads them; an epoch's order from the seed
             train, validation = dataset.batches("train", 32, fit, shuffle_seed=seed), dataset.batches("train", 32, val)
-            model.fit(train, epochs=epochs, verbose=0, validation_data=validation, callbacks=[progress, stop])
+            model.fit(train, epochs=epochs, verbose=0, shuffle=False, validation_data=validation, callbacks=[progress, stop])
         else:
             model.fit(
                 dataset.x_train[fit], dataset.y_train[fit], epochs=epochs, batch_size=32, verbose=0, shuffle=True,
