@@ -4,22 +4,26 @@ The folder holds drawn shapes (tests/drawn_shapes.py) at 32x32, so decoding is e
 lossless, a 32x32 -> 32x32 resize is the identity): the same images saved as an ``.npz`` give
 the in-memory path with bit-identical inputs. With the same reference weights
 (``model.weights``) the two paths must then give the same targets, held-out metrics and
-training; the folder path must also never decode more than a few batches ahead of the step
-that uses them.
+training, and resume mid-epoch to the uninterrupted run's numbers; the folder path must also
+never decode more than a few batches ahead of the step that uses them.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import compose_run
+from conftest import compose_run, train_command
 from drawn_shapes import write_folder
 from heatinv import data
 from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem
+from heatinv.loop import TEST_SIGNAL_VARIABLE
 from heatinv.manipulate import DatasetTask, epoch_order
 from heatinv.models import build_model
 from heatinv.train import run
@@ -149,3 +153,29 @@ def test_the_pipeline_never_runs_more_than_a_few_batches_ahead_of_the_step(tmp_p
     for done, count in steps:
         assert count - seen["begin"] <= (done + 6) * batch, (done, count - seen["begin"])
     assert decoded["count"] > seen["begin"] + 14 * batch  # the counter does see the training batches
+
+
+@pytest.mark.slow  # three command-line runs
+def test_a_streamed_dataset_run_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_path, shapes):
+    folder, _, weights = shapes
+    overrides = ("data=folder", f"data.path={folder}", "model=cnn", f"model.weights={weights}", "task=dataset", "target=pattern",
+                 "task.epochs=2", "task.batch_size=32", "trainer.checkpoint_every=4")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop(TEST_SIGNAL_VARIABLE, None)
+
+    def launch(name, *extra, signal_at=None):
+        child = {**env, TEST_SIGNAL_VARIABLE: signal_at} if signal_at else env
+        return subprocess.run(train_command(tmp_path / name, tmp_path / "cache", *overrides, *extra), cwd=tmp_path, env=child,
+                              capture_output=True, text=True, timeout=600)
+
+    done = launch("uninterrupted")
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = launch("killed", signal_at="7:SIGKILL")  # epoch 1 has 8 batches of 32: killed mid-epoch, after checkpoint 4
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = launch("killed", "trainer.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "after step 4 of 16" in resumed.stdout + resumed.stderr
+    expected = json.loads((tmp_path / "uninterrupted" / "metrics.json").read_text())
+    got = json.loads((tmp_path / "killed" / "metrics.json").read_text())
+    for key in ("cosine", "ssim", "pearson", "spearman", "success_rate", "student_accuracy", "initial_cosine", "steps"):
+        assert got[key] == expected[key], key  # CPU ops are deterministic: the same batches give the same numbers
