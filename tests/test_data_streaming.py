@@ -179,3 +179,12 @@ def test_a_streamed_dataset_run_resumes_mid_epoch_after_sigkill_to_the_same_metr
     got = json.loads((tmp_path / "killed" / "metrics.json").read_text())
     for key in ("cosine", "ssim", "pearson", "spearman", "success_rate", "student_accuracy", "initial_cosine", "steps"):
         assert got[key] == expected[key], key  # CPU ops are deterministic: the same batches give the same numbers
+
+
+def test_mirrored_strategy_on_a_streamed_folder_is_refused_with_the_fix(tmp_path, shapes):
+    streamed, _ = configs(tmp_path, shapes, "target=pattern", "trainer.strategy=mirrored")
+    with pytest.raises(ValueError) as caught:
+        run(streamed)
+    message = str(caught.value)
+    assert "trainer.strategy=mirrored" in message and "data=npz" in message and "\n" not in message
+    assert not (tmp_path / "folder" / "metrics.json").exists()
