@@ -22,7 +22,7 @@ import tensorflow as tf
 from conftest import compose_run, train_command
 from drawn_shapes import write_folder
 from heatinv import data
-from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem
+from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem, single_target
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 from heatinv.manipulate import DatasetTask, epoch_order
 from heatinv.models import build_model
@@ -188,3 +188,16 @@ def test_mirrored_strategy_on_a_streamed_folder_is_refused_with_the_fix(tmp_path
     message = str(caught.value)
     assert "trainer.strategy=mirrored" in message and "data=npz" in message and "\n" not in message
     assert not (tmp_path / "folder" / "metrics.json").exists()
+
+
+def test_single_task_reads_its_target_example_from_the_stream(tmp_path, shapes):
+    streamed_cfg, memory_cfg = configs(tmp_path, shapes, "task=single", "target=class", "target.label=2", "target.index=3")
+    streamed_parts, memory_parts = build_parts(streamed_cfg), build_parts(memory_cfg)
+    streamed_parts.dataset.x_test.largest_read = 0  # building read the held-out accuracy's batches
+    streamed = single_target(streamed_cfg, streamed_parts.dataset, streamed_parts.reference)
+    assert streamed_parts.dataset.x_test.largest_read == 1  # the target decodes its one image
+    memory = single_target(memory_cfg, memory_parts.dataset, memory_parts.reference)
+    i = int(np.flatnonzero(memory_parts.dataset.y_test == 2)[3])
+    np.testing.assert_array_equal(streamed.image, memory_parts.dataset.x_test[i : i + 1])
+    np.testing.assert_array_equal(streamed.heatmap, memory.heatmap)  # measured: equal, the same image and weights
+    assert streamed.label == memory.label == 2
