@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
-from heatinv.data import Dataset, load_dataset
+from heatinv.data import Dataset, load_dataset, reading
 from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
@@ -269,11 +269,12 @@ class StreamedProblem:
     def batches(self, dataset: Dataset, split: str, batch_size: int, order: np.ndarray | None = None) -> Iterator[ProblemBatch]:
         """A split's batches (in ``order``), each decoded, explained and given its targets as it is reached."""
         explain = _compiled_explain(self.explainer, dataset.input_shape)
-        for x, labels in dataset.batches(split, batch_size, order).prefetch(2):
-            maps, logits = explain(x, labels)
-            labels = labels.numpy().astype(np.int64)
-            targets, chosen = dataset_targets(self.kind, labels, maps.numpy(), self.classes, **self.options)
-            yield ProblemBatch(x.numpy(), labels, maps.numpy(), logits.numpy(), targets, chosen)
+        with reading(getattr(dataset, f"x_{split}")):
+            for x, labels in dataset.batches(split, batch_size, order).prefetch(2):
+                maps, logits = explain(x, labels)
+                labels = labels.numpy().astype(np.int64)
+                targets, chosen = dataset_targets(self.kind, labels, maps.numpy(), self.classes, **self.options)
+                yield ProblemBatch(x.numpy(), labels, maps.numpy(), logits.numpy(), targets, chosen)
 
     def test_batches(self, dataset: Dataset, batch_size: int = 256) -> Iterator[ProblemBatch]:
         """The held-out split in batches, with its reference heatmaps and targets."""
@@ -317,11 +318,12 @@ def streamed_class_mean(explainer: LRP, dataset: Dataset, label: int, batch_size
     explain = _compiled_explain(explainer, dataset.input_shape)
     progress = Progress(f"explaining class {label} of the training set", len(positions), "images")
     total, done = 0.0, 0
-    for x, labels in dataset.batches("train", batch_size, positions):
-        maps, _ = explain(x, labels)
-        total = total + maps.numpy().astype(np.float64).sum(axis=0)
-        done += len(labels)
-        progress.update(done)
+    with reading(dataset.x_train):
+        for x, labels in dataset.batches("train", batch_size, positions):
+            maps, _ = explain(x, labels)
+            total = total + maps.numpy().astype(np.float64).sum(axis=0)
+            done += len(labels)
+            progress.update(done)
     return (total / done).astype(np.float32)
 
 

@@ -23,8 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -592,7 +594,8 @@ class ImageFiles:
         paths = [self.paths[i] for i in chosen]
         decode = decoder(self.image_size)
         pipeline = tf.data.Dataset.from_tensor_slices(paths).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-        return next(iter(pipeline.batch(len(paths)))).numpy()
+        with reading(self):
+            return next(iter(pipeline.batch(len(paths)))).numpy()
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
@@ -625,6 +628,39 @@ class ImageFiles:
             pipeline = pipeline.shuffle(len(order), seed=shuffle_seed, reshuffle_each_iteration=True)
         pipeline = pipeline.map(lambda path, label: (decode(path), label), num_parallel_calls=tf.data.AUTOTUNE)
         return pipeline.batch(batch_size)
+
+
+@contextlib.contextmanager
+def reading(files: ImageFiles):
+    """Turns a file TensorFlow cannot decode, met while reading ``files``, into an error naming that file.
+
+    TensorFlow's own error names no file; the first unreadable one is found by decoding the
+    files one at a time (only once something failed).
+
+    Example:
+
+    >>> with reading(dataset.x_train):  # doctest: +SKIP
+    ...     model.fit(dataset.batches("train", 32))
+    """
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        decode = decoder(files.image_size)
+        for bad in files.paths:
+            try:
+                decode(tf.constant(bad))
+            except tf.errors.InvalidArgumentError as found:
+                reason = re.sub(r"\{\{.*?\}\}|\[Op:.*?\]|name: *$", "", found.message).strip()
+                break
+        else:
+            raise
+        raise ValueError(
+            f"heatinv/data.py: the image folder (data.path) holds '{bad}', which TensorFlow cannot decode as an "
+            f"image ({reason}). Remove or replace that file; every file with an image extension "
+            f"({', '.join(IMAGE_EXTENSIONS)}) must be a readable image."
+        ) from error
 
 
 def load_tabular(name: str, test_fraction: float = 0.25) -> Dataset:

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from heatinv.atomic import atomic_path
-from heatinv.data import Dataset
+from heatinv.data import Dataset, reading
 from heatinv.layers import SoftplusBeta
 from heatinv.progress import FitProgress
 
@@ -307,7 +307,8 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE, restore_best_weights=True)
         if dataset.streamed:  # the folder's batches are decoded as fit reads them; an epoch's order from the seed
             train, validation = dataset.batches("train", 32, fit, shuffle_seed=seed), dataset.batches("train", 32, val)
-            model.fit(train, epochs=epochs, verbose=0, shuffle=False, validation_data=validation, callbacks=[progress, stop])
+            with reading(dataset.x_train):
+                model.fit(train, epochs=epochs, verbose=0, shuffle=False, validation_data=validation, callbacks=[progress, stop])
         else:
             model.fit(
                 dataset.x_train[fit], dataset.y_train[fit], epochs=epochs, batch_size=32, verbose=0, shuffle=True,

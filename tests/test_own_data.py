@@ -208,6 +208,22 @@ def test_folder_with_one_class(config, tmp_path):
     expect(ValueError, config("data=folder", f"data.path={tmp_path}/one"), "['cross']", "at least two", "subfolder")
 
 
+@pytest.mark.parametrize("where", ["train", "test"])
+def test_folder_with_a_file_that_is_no_image(config, tmp_path, where):
+    write_folder(str(tmp_path / "shapes"), count=30)
+    (tmp_path / "shapes" / "disk" / "broken.png").write_text("not an image")
+    # The split's seed decides which split the file lands in; reaching it in either (the
+    # reference's training, or the held-out accuracy) stops the run the same way.
+    seed = next(s for s in range(50) if _in_train(tmp_path, s) == (where == "train"))
+    cfg = config("data=folder", f"data.path={tmp_path}/shapes", "model=cnn", f"trainer.seed={seed}")
+    expect(ValueError, cfg, "broken.png", "data.path", "cannot decode", "Remove or replace")
+
+
+def _in_train(tmp_path, seed: int) -> bool:
+    ds = data.load_folder(str(tmp_path / "shapes"), (32, 32), 0.2, seed=seed)
+    return any(p.endswith("broken.png") for p in ds.x_train.paths)
+
+
 def test_npz_labels_out_of_range(config, tmp_path):
     x, y = draw_shapes(12)
     np.savez(tmp_path / "bad.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=np.array([0, 1, 2, 5]))
