@@ -228,7 +228,8 @@ def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classe
         if np.any(chosen):
             for name, values in per_sample_similarity(maps[chosen], targets[chosen]).items():
                 scores[name].append(values.numpy())
-    predicted, scores = np.concatenate(predicted), {name: np.concatenate(v) for name, v in scores.items()}
+    predicted = np.concatenate(predicted)
+    scores = {name: np.concatenate(v) if v else np.zeros(0, np.float32) for name, v in scores.items()}  # none chosen: NaN means, as before
     return {
         "student_accuracy": float(np.mean(predicted == np.concatenate(all_labels))),
         "agreement": agreement(predicted, reference_classes),

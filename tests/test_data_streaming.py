@@ -25,7 +25,7 @@ from heatinv import data
 from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem, single_target
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 from heatinv.manipulate import DatasetTask, epoch_order
-from heatinv.models import build_model
+from heatinv.models import build_model, fingerprint
 from heatinv.train import run
 
 SEED = 0  # trainer.seed of the default config: the folder's split seed
@@ -201,3 +201,15 @@ def test_single_task_reads_its_target_example_from_the_stream(tmp_path, shapes):
     np.testing.assert_array_equal(streamed.image, memory_parts.dataset.x_test[i : i + 1])
     np.testing.assert_array_equal(streamed.heatmap, memory.heatmap)  # measured: equal, the same image and weights
     assert streamed.label == memory.label == 2
+
+
+def test_the_reference_cache_key_follows_the_folders_files_without_reading_them(tmp_path):
+    folder = write_folder(str(tmp_path / "shapes"), count=30)
+    first = fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED))
+    assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) == first
+    assert fingerprint(data.load_folder(folder, (24, 24), 0.2, seed=SEED)) != first  # other image size, other inputs
+    ds = data.load_folder(folder, (32, 32), 0.2, seed=SEED)
+    changed = ds.x_train.paths[0]
+    with open(changed, "ab") as handle:  # one more byte: size and modification time change
+        handle.write(b"\0")
+    assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) != first
