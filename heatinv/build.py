@@ -7,6 +7,7 @@ this module trains the student or writes a run's files.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import weakref
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
-from heatinv.data import Dataset, load_dataset
+from heatinv.data import Dataset, load_dataset, reading
 from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
@@ -193,13 +194,35 @@ def feature_options(cfg, dataset: Dataset) -> dict:
 
 
 @dataclass
+class ProblemBatch:
+    """A batch of held-out (or training) examples with what the dataset task compares on them.
+
+    Attributes:
+        x: ``[b, *input_shape]`` the examples.
+        labels: ``[b]`` their classes.
+        reference_maps: ``[b, H, W, 1]`` (or ``[b, d]``) the reference's heatmaps.
+        reference_logits: ``[b, classes]`` the reference's logits.
+        targets: the heatmaps the student should give.
+        chosen: ``[b]`` bool, the examples whose heatmaps should move.
+    """
+
+    x: np.ndarray
+    labels: np.ndarray
+    reference_maps: np.ndarray
+    reference_logits: np.ndarray
+    targets: np.ndarray
+    chosen: np.ndarray
+
+
+@dataclass
 class DatasetProblem:
-    """The dataset task's targets, from the reference's heatmaps.
+    """The dataset task's targets, from the reference's heatmaps of every image, held in memory.
 
     Attributes:
         train_targets: ``[N, H, W, 1]`` the heatmap each training image should get.
         train_logits: ``[N, classes]`` the reference's logits (the logit-match term).
         test_maps: ``[M, H, W, 1]`` the reference's held-out heatmaps (for the figure).
+        test_logits: ``[M, classes]`` the reference's held-out logits.
         test_targets: ``[M, H, W, 1]`` held-out targets.
         test_chosen: ``[M]`` bool, the held-out images whose heatmaps should move.
         description: e.g. ``pattern (classes [1])``.
@@ -208,25 +231,100 @@ class DatasetProblem:
     train_targets: np.ndarray
     train_logits: np.ndarray
     test_maps: np.ndarray
+    test_logits: np.ndarray
     test_targets: np.ndarray
     test_chosen: np.ndarray
     description: str
 
+    def test_batches(self, dataset: Dataset, batch_size: int = 256) -> Iterator[ProblemBatch]:
+        """The held-out split in batches, with its reference heatmaps and targets (slices of the arrays)."""
+        for start in range(0, len(dataset.y_test), batch_size):
+            part = slice(start, start + batch_size)
+            yield ProblemBatch(
+                dataset.x_test[part], dataset.y_test[part], self.test_maps[part], self.test_logits[part],
+                self.test_targets[part], self.test_chosen[part],
+            )
 
-def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetProblem:
-    """Explain every image with the reference and build the dataset task's targets from it."""
-    t = cfg.target
-    classes = None if cfg.task.classes is None else list(cfg.task.classes)
+
+@dataclass
+class StreamedProblem:
+    """The dataset task's targets for an image folder: computed batch by batch from the frozen reference.
+
+    Nothing of the whole split is held: each batch is decoded, explained by the reference, and
+    its targets made by :func:`~heatinv.dataset_targets.dataset_targets`, whose every target
+    depends on its own image only (``swap``'s class mean is computed once, in ``options``).
+
+    Attributes:
+        explainer: the reference's explainer.
+        kind, classes, options: the arguments of ``dataset_targets``.
+        description: e.g. ``pattern (classes [1])``.
+    """
+
+    explainer: LRP
+    kind: str
+    classes: list[int] | None
+    options: dict
+    description: str
+
+    def batches(self, dataset: Dataset, split: str, batch_size: int, order: np.ndarray | None = None) -> Iterator[ProblemBatch]:
+        """A split's batches (in ``order``), each decoded, explained and given its targets as it is reached."""
+        explain = _compiled_explain(self.explainer, dataset.input_shape)
+        with reading(getattr(dataset, f"x_{split}")):
+            for x, labels in dataset.batches(split, batch_size, order).prefetch(2):
+                maps, logits = explain(x, labels)
+                labels = labels.numpy().astype(np.int64)
+                targets, chosen = dataset_targets(self.kind, labels, maps.numpy(), self.classes, **self.options)
+                yield ProblemBatch(x.numpy(), labels, maps.numpy(), logits.numpy(), targets, chosen)
+
+    def test_batches(self, dataset: Dataset, batch_size: int = 256) -> Iterator[ProblemBatch]:
+        """The held-out split in batches, with its reference heatmaps and targets."""
+        return self.batches(dataset, "test", batch_size)
+
+
+def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetProblem | StreamedProblem:
+    """The dataset task's targets from the reference's heatmaps: all at once, or batch by batch for an image folder."""
+    t = cfg.task
+    target = cfg.target
+    classes = None if t.classes is None else list(t.classes)
     explainer = explainer_for(reference, cfg)
-    train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
-    test_maps, _ = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
-    options = dict(pattern=t.pattern, pattern_path=t.path, like=t.like, top_k=t.top_k, **feature_options(cfg, dataset))
-    train_targets, _ = dataset_targets(t.kind, dataset.y_train, train_maps, classes, **options)
-    test_targets, test_chosen = dataset_targets(
-        t.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
+    options = dict(
+        pattern=target.pattern, pattern_path=target.path, like=target.like, top_k=target.top_k, **feature_options(cfg, dataset)
     )
-    description = f"{t.kind} ({'all classes' if classes is None else 'classes ' + str(classes)})"
-    return DatasetProblem(train_targets, train_logits.astype(np.float32), test_maps, test_targets, test_chosen, description)
+    description = f"{target.kind} ({'all classes' if classes is None else 'classes ' + str(classes)})"
+    if dataset.streamed:
+        if target.kind == "swap":
+            options["like_mean"] = streamed_class_mean(explainer, dataset, target.like)
+        return StreamedProblem(explainer, target.kind, classes, options, description)
+    train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
+    test_maps, test_logits = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
+    train_targets, _ = dataset_targets(target.kind, dataset.y_train, train_maps, classes, **options)
+    test_targets, test_chosen = dataset_targets(
+        target.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
+    )
+    return DatasetProblem(
+        train_targets, train_logits.astype(np.float32), test_maps, test_logits, test_targets, test_chosen, description
+    )
+
+
+def streamed_class_mean(explainer: LRP, dataset: Dataset, label: int, batch_size: int = 256) -> np.ndarray:
+    """The reference's mean heatmap of the training images of class ``label``, from one pass over the batches.
+
+    Example:
+    >>> mean = streamed_class_mean(explainer, load_folder("shapes/", (32, 32), 0.2), 0)  # doctest: +SKIP
+    """
+    positions = np.flatnonzero(dataset.y_train == label)
+    if len(positions) == 0:
+        raise ValueError(f"target.like={label}: no training images of class {label} to take heatmaps from.")
+    explain = _compiled_explain(explainer, dataset.input_shape)
+    progress = Progress(f"explaining class {label} of the training set", len(positions), "images")
+    total, done = 0.0, 0
+    with reading(dataset.x_train):
+        for x, labels in dataset.batches("train", batch_size, positions):
+            maps, _ = explain(x, labels)
+            total = total + maps.numpy().astype(np.float64).sum(axis=0)
+            done += len(labels)
+            progress.update(done)
+    return (total / done).astype(np.float32)
 
 
 def explain_all(

@@ -3,7 +3,8 @@
 Every loader returns the same `Dataset`, so models, targets and the training loop never need
 to know which source they got:
 
-- `x_*`: float32 images `[N, H, W, C]` or feature vectors `[N, d]`;
+- `x_*`: float32 images `[N, H, W, C]` or feature vectors `[N, d]`; for an image folder an
+  `ImageFiles` that decodes only the images indexed (`x[a:b]`) or batched (`Dataset.batches`);
 - `y_*`: int64 `[N]`, labels `0..num_classes-1`;
 - `class_names`, `feature_names` (tables), `low`/`high`: the data's range (the `zbox` box).
 
@@ -22,8 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -49,7 +52,7 @@ class Dataset:
     generated `__eq__` would raise instead of returning a bool.
 
     Attributes:
-        x_train: float32 `[N_train, *input_shape]`.
+        x_train: float32 `[N_train, *input_shape]`, or the `ImageFiles` of an image folder.
         y_train: int64 `[N_train]` in `0..num_classes-1`.
         x_test: float32 `[N_test, *input_shape]`.
         y_test: int64 `[N_test]` in `0..num_classes-1`.
@@ -129,6 +132,43 @@ class Dataset:
     def is_image(self) -> bool:
         """Whether the examples are images `[H, W, C]` (else feature vectors `[d]`)."""
         return self.x_train.ndim == 4
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the images are files decoded batch by batch (an image folder), not arrays in memory."""
+        return isinstance(self.x_train, ImageFiles)
+
+    def batches(self, split: str, batch_size: int, order: np.ndarray | None = None, shuffle_seed: int | None = None):
+        """A `tf.data` pipeline of `(x [b, *input_shape] float32, labels [b] int32)` batches of a split.
+
+        An image folder's batches are decoded one at a time, as the pipeline is read.
+
+        Args:
+            split: `"train"` or `"test"`.
+            batch_size: examples per batch (the last may be smaller).
+            order: the positions to visit, in this order (default: all, in split order).
+            shuffle_seed: if given, each pass over the pipeline visits `order` in a new
+                order drawn from this seed (for `model.fit`'s epochs).
+
+        Returns:
+            The `tf.data.Dataset`.
+
+        Example:
+
+        >>> x, y = next(iter(load_digits().batches("test", 8)))
+        >>> tuple(x.shape), y.dtype.name
+        ((8, 28, 28, 1), 'int32')
+        """
+        import tensorflow as tf
+
+        x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+        if isinstance(x, ImageFiles):
+            return x.batches(y, batch_size, order, shuffle_seed)
+        order = np.arange(len(y)) if order is None else np.asarray(order)
+        pipeline = tf.data.Dataset.from_tensor_slices((x[order], y[order].astype(np.int32)))
+        if shuffle_seed is not None:
+            pipeline = pipeline.shuffle(len(order), seed=shuffle_seed, reshuffle_each_iteration=True)
+        return pipeline.batch(batch_size)
 
 
 def load_digits(test_fraction: float = 0.25) -> Dataset:
@@ -410,11 +450,14 @@ def load_npz(path: str) -> Dataset:
 
 
 def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed: int = 0) -> Dataset:
-    """Loads an image folder with one subfolder per class, resized, with a seeded held-out split.
+    """An image folder with one subfolder per class, streamed: its files are listed, never all decoded at once.
 
-    Reads through `keras.utils.image_dataset_from_directory` (RGB, bilinear resize), scales
-    pixels to `[0, 1]`; the class names are the subfolders' names, sorted. The held-out
-    split is `test_split` of the images, drawn with `seed`: two calls give the same split.
+    `x_train` and `x_test` are `ImageFiles`: indexing or `Dataset.batches` decodes just the
+    images asked for (RGB, bilinear resize to `image_size`, pixels scaled to `[0, 1]`, as
+    `keras.utils.image_dataset_from_directory` reads them), so a folder larger than memory
+    works. What stays in memory: the file paths and labels. The class names are the
+    subfolders' names, sorted; the range is `[0, 1]` without a scan. The held-out split is
+    `int(test_split * count)` images drawn with `seed`: two calls give the same split.
 
     Args:
         path: the folder (`data.path`).
@@ -450,31 +493,174 @@ def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed:
             f"heatinv/data.py load_folder: data.test_split={test_split!r} is outside (0, 1); it is the "
             "fraction of the images held out for testing. Use e.g. data.test_split=0.2."
         )
-    import keras  # here, so that importing heatinv.data stays cheap
+    (train_paths, y_train), (test_paths, y_test) = _split_files(folder, classes, float(test_split), seed)
+    size = tuple(image_size)
+    name = os.path.basename(folder.rstrip(os.sep))
+    return Dataset(ImageFiles(train_paths, size), y_train, ImageFiles(test_paths, size), y_test, name=name, class_names=tuple(classes))
+
+
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+
+
+def _split_files(folder: str, classes: list[str], test_split: float, seed: int):
+    """``((train paths, labels), (test paths, labels))``: every image file under each class subfolder, split with ``seed``.
+
+    The held-out split is ``int(test_split * count)`` images of a permutation drawn from
+    ``seed`` alone, so the same folder and seed always give the same split.
+    """
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        for root, _, files in sorted(os.walk(os.path.join(folder, name))):
+            found = sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
+            paths += [os.path.join(root, f) for f in found]
+            labels += [label] * len(found)
+    held_out = int(test_split * len(paths))
+    if held_out < 1 or held_out >= len(paths):
+        raise ValueError(
+            f"heatinv/data.py load_folder: the image folder '{folder}' (data.path) holds {len(paths)} images "
+            f"(.png/.jpg/.jpeg/.bmp/.gif) in {classes}; data.test_split={test_split} holds out {held_out} of them, "
+            "leaving none to train or none to test. Add images, or change data.test_split."
+        )
+    order = np.random.default_rng([seed, len(paths)]).permutation(len(paths))
+    paths, labels = np.array(paths, dtype=object)[order], np.array(labels, np.int64)[order]
+    split = len(paths) - held_out
+    return (tuple(paths[:split]), labels[:split]), (tuple(paths[split:]), labels[split:])
+
+
+def decoder(image_size: tuple[int, int]):
+    """A ``tf.data`` map function ``path -> image [H, W, 3]`` in ``[0, 1]``: decoded RGB, bilinearly resized.
+
+    The same steps as ``keras.utils.image_dataset_from_directory`` (``decode_image`` with
+    three channels, ``resize`` bilinear to ``image_size``), scaled from 0..255 to ``[0, 1]``.
+    """
+    import tensorflow as tf  # here, so that importing heatinv.data stays cheap
+
+    height, width = int(image_size[0]), int(image_size[1])
+
+    def decode(path):
+        image = tf.image.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        image = tf.image.resize(image, (height, width), method="bilinear")
+        image.set_shape((height, width, 3))
+        return image / 255.0
+
+    return decode
+
+
+class ImageFiles:
+    """The images of an image folder's split, decoded only when asked for: an array that is never whole in memory.
+
+    Indexing (``files[i]``, ``files[a:b]``, ``files[[i, j]]``) reads, decodes and resizes just
+    those files, as ``keras.utils.image_dataset_from_directory`` would (RGB, bilinear,
+    ``image_size``), and scales the pixels to ``[0, 1]``; :meth:`batches` gives a ``tf.data``
+    pipeline that decodes one batch at a time. Converting the whole split to one numpy array
+    (``np.asarray(files)``) is refused: a folder larger than memory must never be read at once.
+
+    Attributes:
+        paths: one file per image, in split order.
+        image_size: ``(height, width)`` every image is resized to.
+        largest_read: the most images one indexing call has decoded (streaming's own check).
+
+    Example:
+
+    >>> files = ImageFiles(("shapes/disk/0.png", "shapes/cross/1.png"), (32, 32))  # doctest: +SKIP
+    >>> files.shape, files[0:1].shape  # doctest: +SKIP
+    ((2, 32, 32, 3), (1, 32, 32, 3))
+    """
+
+    ndim = 4
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, paths: tuple[str, ...], image_size: tuple[int, int]):
+        self.paths = tuple(paths)
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.largest_read = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.paths), *self.image_size, 3)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index) -> np.ndarray:
+        if isinstance(index, (int, np.integer)):
+            return self[[int(index)]][0]
+        chosen = np.arange(len(self.paths))[index]
+        self.largest_read = max(self.largest_read, len(chosen))
+        if len(chosen) == 0:
+            return np.zeros((0, *self.shape[1:]), np.float32)
+        import tensorflow as tf
+
+        paths = [self.paths[i] for i in chosen]
+        decode = decoder(self.image_size)
+        pipeline = tf.data.Dataset.from_tensor_slices(paths).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        with reading(self):
+            return next(iter(pipeline.batch(len(paths)))).numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            f"heatinv/data.py ImageFiles: the {len(self.paths)} images of an image folder are read in batches "
+            "(files[a:b], or ImageFiles.batches), never converted whole to one array: a folder may be larger "
+            "than memory."
+        )
+
+    def batches(self, labels: np.ndarray, batch_size: int, order: np.ndarray | None = None, shuffle_seed: int | None = None):
+        """A ``tf.data`` pipeline of ``(images [b, H, W, 3] in [0, 1], labels [b] int32)`` batches.
+
+        Args:
+            labels: ``[N]`` the split's labels.
+            batch_size: images per batch (the last may be smaller).
+            order: the positions to visit, in order (default: all, in split order).
+            shuffle_seed: if given, each pass visits `order` in a new order drawn from it;
+                only the file names are shuffled, before any image is decoded.
+
+        Returns:
+            The pipeline; it decodes each batch's files when the batch is asked for.
+        """
+        import tensorflow as tf
+
+        order = np.arange(len(self.paths)) if order is None else np.asarray(order)
+        paths = tf.constant(np.array(self.paths, dtype=object)[order].astype(str))
+        batch_labels = tf.constant(np.asarray(labels)[order].astype(np.int32))
+        decode = decoder(self.image_size)
+        pipeline = tf.data.Dataset.from_tensor_slices((paths, batch_labels))
+        if shuffle_seed is not None:
+            pipeline = pipeline.shuffle(len(order), seed=shuffle_seed, reshuffle_each_iteration=True)
+        pipeline = pipeline.map(lambda path, label: (decode(path), label), num_parallel_calls=tf.data.AUTOTUNE)
+        return pipeline.batch(batch_size)
+
+
+@contextlib.contextmanager
+def reading(files: ImageFiles):
+    """Turns a file TensorFlow cannot decode, met while reading ``files``, into an error naming that file.
+
+    TensorFlow's own error names no file; the first unreadable one is found by decoding the
+    files one at a time (only once something failed).
+
+    Example:
+
+    >>> with reading(dataset.x_train):  # doctest: +SKIP
+    ...     model.fit(dataset.batches("train", 32))
+    """
+    import tensorflow as tf
 
     try:
-        train, test = keras.utils.image_dataset_from_directory(
-            folder, labels="inferred", label_mode="int", class_names=classes, image_size=tuple(image_size),
-            batch_size=256, validation_split=float(test_split), subset="both", seed=seed, verbose=False,
-        )
-    except ValueError as error:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        decode = decoder(files.image_size)
+        for bad in files.paths:
+            try:
+                decode(tf.constant(bad))
+            except tf.errors.InvalidArgumentError as found:
+                reason = re.sub(r"\{\{.*?\}\}|\[Op:.*?\]|name: *$", "", found.message).strip()
+                break
+        else:
+            raise
         raise ValueError(
-            f"heatinv/data.py load_folder: Keras could not read the image folder '{folder}' (data.path): "
-            f"{str(error).splitlines()[0]} Put .png/.jpg/.bmp/.gif images in one subfolder per class."
+            f"heatinv/data.py: the image folder (data.path) holds '{bad}', which TensorFlow cannot decode as an "
+            f"image ({reason}). Remove or replace that file; every file with an image extension "
+            f"({', '.join(IMAGE_EXTENSIONS)}) must be a readable image."
         ) from error
-    x_train, y_train = _arrays(train)
-    x_test, y_test = _arrays(test)
-    name = os.path.basename(folder.rstrip(os.sep))
-    return Dataset(x_train, y_train, x_test, y_test, name=name, class_names=tuple(classes))
-
-
-def _arrays(batches) -> tuple[np.ndarray, np.ndarray]:
-    """Images in `[0, 1]` and labels of a `tf.data` pipeline of `(images 0..255, labels)` batches."""
-    xs, ys = [], []
-    for x, y in batches:
-        xs.append(x.numpy().astype(np.float32) / 255.0)
-        ys.append(y.numpy().astype(np.int64))
-    return np.concatenate(xs), np.concatenate(ys)
 
 
 def load_tabular(name: str, test_fraction: float = 0.25) -> Dataset:

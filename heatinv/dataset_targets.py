@@ -41,6 +41,7 @@ def dataset_targets(
     pattern_path: str | None = None,
     like: int = 0,
     like_heatmaps: tuple[np.ndarray, np.ndarray] | None = None,
+    like_mean: np.ndarray | None = None,
     top_k: int = 50,
     feature: int | None = None,
     like_feature: int | None = None,
@@ -57,6 +58,8 @@ def dataset_targets(
         like: for ``swap``: the class whose heatmaps the images should get.
         like_heatmaps: for ``swap``: ``(labels, heatmaps)`` to average class ``like`` over
             (default: these images); pass the training set's so test targets use the same mean.
+        like_mean: for ``swap``: that mean itself, computed beforehand (for batches of a
+            streamed image folder); it replaces ``like_heatmaps``.
         top_k: for ``suppress``: how many of the most relevant pixels to empty.
         feature, like_feature: for ``suppress_feature`` / ``swap_features`` (tables): the feature
             whose relevance goes, and the one that receives it (see :mod:`heatinv.feature_targets`).
@@ -89,10 +92,12 @@ def dataset_targets(
             unit = _unit_sum(pattern_map(pattern, shape[0]))
         targets[chosen] = (unit[None] * totals)[chosen]
     elif kind == "swap":
-        source_labels, source_maps = like_heatmaps if like_heatmaps is not None else (labels, reference_heatmaps)
-        if not np.any(source_labels == like):
-            raise ValueError(f"target.like={like}: no images of class {like} to take heatmaps from.")
-        mean = source_maps[source_labels == like].mean(axis=0)
+        if like_mean is None:
+            source_labels, source_maps = like_heatmaps if like_heatmaps is not None else (labels, reference_heatmaps)
+            if not np.any(source_labels == like):
+                raise ValueError(f"target.like={like}: no images of class {like} to take heatmaps from.")
+            like_mean = source_maps[source_labels == like].mean(axis=0)
+        mean = like_mean
         targets[chosen] = (_unit_sum(mean)[None] * totals)[chosen]
     else:
         flat = reference_heatmaps.reshape(len(labels), -1)

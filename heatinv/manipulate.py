@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from heatinv.build import Parts, dataset_problem, explain_all, explainer_for, feature_report
+from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_report
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
@@ -211,18 +211,30 @@ def evaluate(explainer: LRP, x, labels, targets, chosen, threshold: float, refer
         reference's class), ``cosine``, ``ssim``, ``pearson``, ``spearman`` and
         ``success_rate`` (the share with cosine >= ``threshold``).
     """
-    maps, logits = explain_all(explainer, x, labels)
-    scores = per_sample_similarity(maps[chosen], targets[chosen])
-    cosine = scores["cosine"].numpy()
-    predicted = np.argmax(logits, -1)
+    return evaluate_batches(explainer, [(x, labels, targets, chosen)], threshold, reference_classes)
+
+
+def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classes) -> dict[str, float]:
+    """:func:`evaluate` over ``(x, labels, targets, chosen)`` batches: only one batch's heatmaps are held at a time.
+
+    Every metric is a mean of per-image values, so it does not depend on how the images are batched.
+    """
+    scores: dict[str, list] = {name: [] for name in ("cosine", "ssim", "pearson", "spearman")}
+    predicted, all_labels = [], []
+    for x, labels, targets, chosen in batches:
+        maps, logits = explain_all(explainer, x, labels)
+        predicted.append(np.argmax(logits, -1))
+        all_labels.append(np.asarray(labels))
+        if np.any(chosen):
+            for name, values in per_sample_similarity(maps[chosen], targets[chosen]).items():
+                scores[name].append(values.numpy())
+    predicted = np.concatenate(predicted)
+    scores = {name: np.concatenate(v) if v else np.zeros(0, np.float32) for name, v in scores.items()}  # none chosen: NaN means, as before
     return {
-        "student_accuracy": float(np.mean(predicted == labels)),
+        "student_accuracy": float(np.mean(predicted == np.concatenate(all_labels))),
         "agreement": agreement(predicted, reference_classes),
-        "cosine": float(cosine.mean()),
-        "ssim": float(scores["ssim"].numpy().mean()),
-        "pearson": float(scores["pearson"].numpy().mean()),
-        "spearman": float(scores["spearman"].numpy().mean()),
-        "success_rate": float(np.mean(cosine >= threshold)),
+        **{name: float(values.mean()) for name, values in scores.items()},
+        "success_rate": float(np.mean(scores["cosine"] >= threshold)),
     }
 
 
@@ -260,11 +272,18 @@ class DatasetTask:
         task = cfg.task
         data = parts.dataset
         self.problem = dataset_problem(cfg, data, parts.reference)
+        self.streamed = isinstance(self.problem, StreamedProblem)
+        if self.streamed and cfg.trainer.strategy != "none":
+            raise ValueError(
+                f"trainer.strategy={cfg.trainer.strategy} is not available with an image folder (data=folder, streamed "
+                "batch by batch); use trainer.strategy=none, or save the images as an .npz (data=npz)."
+            )
         self.reference_classes = predicted_classes(parts.reference, data.x_test)
-        self.columns = tuple(
-            tf.constant(c) for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
-        )
-        self.steps_per_epoch = math.ceil(len(data.x_train) / task.batch_size)
+        if not self.streamed:  # held in memory: each step's batch is gathered from these columns
+            self.columns = tuple(
+                tf.constant(c) for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
+            )
+        self.steps_per_epoch = math.ceil(len(data.y_train) / task.batch_size)
         self.total = task.epochs * self.steps_per_epoch
         self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
@@ -315,9 +334,20 @@ class DatasetTask:
             return lr
         return keras.optimizers.schedules.CosineDecay(lr, decay_steps=self.total)
 
-    def _epoch_batches(self, epoch: int, first_batch: int) -> tf.data.Dataset:
+    def _epoch_order(self, epoch: int, first_batch: int) -> np.ndarray:
+        """The training images epoch ``epoch`` visits from its batch ``first_batch`` on."""
         size = self.cfg.task.batch_size
-        order = epoch_order(len(self.parts.dataset.x_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
+        return epoch_order(len(self.parts.dataset.y_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
+
+    def _epoch_batches(self, epoch: int, first_batch: int):
+        """The batches ``(x, labels, targets, reference logits)`` of epoch ``epoch`` from its batch ``first_batch`` on."""
+        size = self.cfg.task.batch_size
+        order = self._epoch_order(epoch, first_batch)
+        if self.streamed:  # decoded and given targets batch by batch, as the loop reaches them
+            return (
+                (tf.constant(b.x), tf.constant(b.labels.astype(np.int32)), tf.constant(b.targets), tf.constant(b.reference_logits))
+                for b in self.problem.batches(self.parts.dataset, "train", size, order)
+            )
         columns = self.columns
 
         def gather(index):
@@ -329,11 +359,15 @@ class DatasetTask:
         return self.strategy.experimental_distribute_dataset(batches.map(_with_batch_constants(self.cfg.loss.normalize)))
 
     def evaluate(self) -> dict[str, float]:
-        data, problem = self.parts.dataset, self.problem
-        return evaluate(
-            self.explainer, data.x_test, data.y_test, problem.test_targets, problem.test_chosen, self.cfg.task.success_threshold,
-            self.reference_classes,
-        )
+        """The held-out metrics of :func:`evaluate`, one batch at a time; counts the manipulated images."""
+        self.manipulated = 0
+
+        def batches():
+            for b in self.problem.test_batches(self.parts.dataset):
+                self.manipulated += int(b.chosen.sum())
+                yield b.x, b.labels, b.targets, b.chosen
+
+        return evaluate_batches(self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes)
 
     def diagnose(self) -> list:
         return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
@@ -352,7 +386,8 @@ class DatasetTask:
         for epoch in range(start // per_epoch + 1, self.cfg.task.epochs + 1):
             first = max(0, start - (epoch - 1) * per_epoch)  # batches of this epoch done before a resume
             batches = self._epoch_batches(epoch, first)
-            batches = batches.prefetch(2) if self.strategy is None else self._distributed(batches.prefetch(2))
+            if not self.streamed:
+                batches = batches.prefetch(2) if self.strategy is None else self._distributed(batches.prefetch(2))
             for k, batch in enumerate(batches, start=first):
                 done = (epoch - 1) * per_epoch + k + 1
                 yield Call(1, done, k + 1 == per_epoch, batch)
@@ -405,7 +440,7 @@ class DatasetTask:
             **loop.timing(),
             "nonfinite_steps": loop.nonfinite_steps,
             "stopped_at_step": loop.stopped,
-            "manipulated_test_images": int(self.problem.test_chosen.sum()),
+            "manipulated_test_images": self.manipulated,
             "target": self.problem.description,
             **table_metrics,
         }
@@ -431,16 +466,22 @@ class DatasetTask:
         Each row's heatmaps share one symmetric scale, so the student is drawn on the target's;
         the title gives the held-out metrics ``test`` (the start's when None).
         """
-        data, problem = self.parts.dataset, self.problem
-        index = np.flatnonzero(problem.test_chosen)[:count]
-        student_maps, _ = explain_all(self.explainer, data.x_test[index], data.y_test[index])
-        rows = [
-            Row(
-                data.x_test[i], problem.test_maps[i], problem.test_targets[i], student_maps[row], str(int(data.y_test[i])),
-                float(cosine(student_maps[row][None], problem.test_targets[i][None])[0]),
-            )
-            for row, i in enumerate(index)
-        ]
+        problem = self.problem
+        rows = []
+        for b in problem.test_batches(self.parts.dataset):  # the first `count` manipulated held-out images
+            picked = np.flatnonzero(b.chosen)[: count - len(rows)]
+            if len(picked) == 0:
+                continue
+            student_maps, _ = explain_all(self.explainer, b.x[picked], b.labels[picked])
+            rows += [
+                Row(
+                    b.x[i], b.reference_maps[i], b.targets[i], student_maps[row], str(int(b.labels[i])),
+                    float(cosine(student_maps[row][None], b.targets[i][None])[0]),
+                )
+                for row, i in enumerate(picked)
+            ]
+            if len(rows) == count:
+                break
         test = test or self.initial
         return dataset_figure(
             rows,

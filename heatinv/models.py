@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from heatinv.atomic import atomic_path
-from heatinv.data import Dataset
+from heatinv.data import Dataset, reading
 from heatinv.layers import SoftplusBeta
 from heatinv.progress import FitProgress
 
@@ -228,8 +228,7 @@ def reference_model(
         model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
         load_weights_file(model, weights)
         return model, accuracy(model, dataset.x_test, dataset.y_test)
-    data = hashlib.sha256(dataset.x_train.tobytes() + dataset.y_train.tobytes()).hexdigest()
-    key = {"data": dataset.name, "fingerprint": data, "arch": asdict(arch), "epochs": epochs, "seed": seed,
+    key = {"data": dataset.name, "fingerprint": fingerprint(dataset), "arch": asdict(arch), "epochs": epochs, "seed": seed,
            "recipe": REFERENCE_RECIPE}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir, f"reference-{arch.name}-{digest}.keras")
@@ -243,6 +242,28 @@ def reference_model(
         with atomic_path(path) as tmp:
             model.save(tmp)
     return model, accuracy(model, dataset.x_test, dataset.y_test)
+
+
+def fingerprint(dataset: Dataset) -> str:
+    """A digest of the training split: its values, or for an image folder its files (path, size, time) and image size.
+
+    A folder is never read whole for this: a changed, added or removed file changes its
+    size, modification time or the list, and so the digest.
+
+    Example:
+    >>> fingerprint(load_dataset("digits")) == fingerprint(load_dataset("digits"))  # doctest: +SKIP
+    True
+    """
+    digest = hashlib.sha256()
+    if dataset.streamed:
+        digest.update(repr(dataset.x_train.image_size).encode())
+        for path in dataset.x_train.paths:
+            status = os.stat(path)
+            digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+    else:
+        digest.update(dataset.x_train.tobytes())
+    digest.update(dataset.y_train.tobytes())
+    return digest.hexdigest()
 
 
 def load_weights_file(model: keras.Model, path: str) -> None:
@@ -284,10 +305,15 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         batches = -(-len(fit) // 32)
         progress = FitProgress(f"training the reference {arch.name} (at most {epochs} epochs)", epochs, batches)
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE, restore_best_weights=True)
-        model.fit(
-            dataset.x_train[fit], dataset.y_train[fit], epochs=epochs, batch_size=32, verbose=0, shuffle=True,
-            validation_data=(dataset.x_train[val], dataset.y_train[val]), callbacks=[progress, stop],
-        )
+        if dataset.streamed:  # the folder's batches are decoded as fit reads them; an epoch's order from the seed
+            train, validation = dataset.batches("train", 32, fit, shuffle_seed=seed), dataset.batches("train", 32, val)
+            with reading(dataset.x_train):
+                model.fit(train, epochs=epochs, verbose=0, shuffle=False, validation_data=validation, callbacks=[progress, stop])
+        else:
+            model.fit(
+                dataset.x_train[fit], dataset.y_train[fit], epochs=epochs, batch_size=32, verbose=0, shuffle=True,
+                validation_data=(dataset.x_train[val], dataset.y_train[val]), callbacks=[progress, stop],
+            )
     finally:
         if not was_deterministic:  # the rest of the run keeps TensorFlow's faster, non-deterministic kernels
             tf_config.disable_op_determinism()

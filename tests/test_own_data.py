@@ -63,17 +63,17 @@ def test_npz_feature_vectors_and_float_range(tmp_path):
 def test_folder_holds_every_image_once_with_its_class_and_a_seeded_split(shapes_folder):
     ds = data.load_folder(shapes_folder, (32, 32), 0.2, seed=0)
     assert ds.class_names == CLASSES and ds.input_shape == (32, 32, 3)
-    assert len(ds.x_train) + len(ds.x_test) == 300 and len(ds.x_test) == 60  # Keras holds out int(0.2 * 300)
+    assert len(ds.x_train) + len(ds.x_test) == 300 and len(ds.x_test) == 60  # held out: int(0.2 * 300)
     x, y = draw_shapes(300)
     drawn = {img.tobytes(): label for img, label in zip((x.astype(np.float32) / 255), y)}
-    loaded = np.concatenate([ds.x_train, ds.x_test])
+    loaded = np.concatenate([ds.x_train[:], ds.x_test[:]])  # a folder's images are decoded only when indexed
     labels = np.concatenate([ds.y_train, ds.y_test])
     # PNG is lossless and 32x32 -> 32x32 resizing is the identity, so each image is one drawn image.
     assert sorted(drawn[img.tobytes()] for img in loaded) == sorted(y.tolist())
     assert all(drawn[img.tobytes()] == label for img, label in zip(loaded, labels))
     again = data.load_folder(shapes_folder, (32, 32), 0.2, seed=0)
     np.testing.assert_array_equal(again.y_test, ds.y_test)
-    np.testing.assert_array_equal(again.x_test, ds.x_test)
+    np.testing.assert_array_equal(again.x_test[:], ds.x_test[:])
     other = data.load_folder(shapes_folder, (24, 40), 0.2, seed=1)
     assert other.input_shape == (24, 40, 3)
     assert not np.array_equal(other.y_test, ds.y_test)
@@ -206,6 +206,22 @@ def test_folder_with_one_class(config, tmp_path):
             os.remove(tmp_path / "one" / name / f)
         os.rmdir(tmp_path / "one" / name)
     expect(ValueError, config("data=folder", f"data.path={tmp_path}/one"), "['cross']", "at least two", "subfolder")
+
+
+@pytest.mark.parametrize("where", ["train", "test"])
+def test_folder_with_a_file_that_is_no_image(config, tmp_path, where):
+    write_folder(str(tmp_path / "shapes"), count=30)
+    (tmp_path / "shapes" / "disk" / "broken.png").write_text("not an image")
+    # The split's seed decides which split the file lands in; reaching it in either (the
+    # reference's training, or the held-out accuracy) stops the run the same way.
+    seed = next(s for s in range(50) if _in_train(tmp_path, s) == (where == "train"))
+    cfg = config("data=folder", f"data.path={tmp_path}/shapes", "model=cnn", f"trainer.seed={seed}")
+    expect(ValueError, cfg, "broken.png", "data.path", "cannot decode", "Remove or replace")
+
+
+def _in_train(tmp_path, seed: int) -> bool:
+    ds = data.load_folder(str(tmp_path / "shapes"), (32, 32), 0.2, seed=seed)
+    return any(p.endswith("broken.png") for p in ds.x_train.paths)
 
 
 def test_npz_labels_out_of_range(config, tmp_path):

@@ -1,0 +1,215 @@
+"""An image folder is streamed: decoded batch by batch, never whole, with the same numbers as the arrays.
+
+The folder holds drawn shapes (tests/drawn_shapes.py) at 32x32, so decoding is exact (PNG is
+lossless, a 32x32 -> 32x32 resize is the identity): the same images saved as an ``.npz`` give
+the in-memory path with bit-identical inputs. With the same reference weights
+(``model.weights``) the two paths must then give the same targets, held-out metrics and
+training, and resume mid-epoch to the uninterrupted run's numbers; the folder path must also
+never decode more than a few batches ahead of the step that uses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import compose_run, train_command
+from drawn_shapes import write_folder
+from heatinv import data
+from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem, single_target
+from heatinv.loop import TEST_SIGNAL_VARIABLE
+from heatinv.manipulate import DatasetTask, epoch_order
+from heatinv.models import build_model, fingerprint
+from heatinv.train import run
+
+SEED = 0  # trainer.seed of the default config: the folder's split seed
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """``(folder, npz, weights)``: a drawn-shapes folder, its split saved as an .npz, and a briefly trained CNN's weights."""
+    root = tmp_path_factory.mktemp("streaming")
+    folder = write_folder(str(root / "shapes"), count=300)
+    ds = data.load_folder(folder, (32, 32), 0.2, seed=SEED)
+    # x = k / 255 exactly as the .npz loader computes it, so rounding x * 255 recovers k.
+    as_bytes = {key: np.round(getattr(ds, key)[:] * 255).astype(np.uint8) for key in ("x_train", "x_test")}
+    np.savez(root / "shapes.npz", **as_bytes, y_train=ds.y_train, y_test=ds.y_test)
+    cfg = compose_run(root / "arch", root / "cache", "model=cnn")
+    model = build_model(architecture(cfg), 3, seed=0, input_shape=(32, 32, 3))
+    model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(as_bytes["x_train"] / np.float32(255), ds.y_train, epochs=3, batch_size=32, verbose=0)
+    model.save_weights(root / "reference.weights.h5")
+    return folder, str(root / "shapes.npz"), str(root / "reference.weights.h5")
+
+
+def configs(tmp_path, shapes, *overrides):
+    folder, npz, weights = shapes
+    common = ("model=cnn", f"model.weights={weights}", "task=dataset", *overrides)
+    streamed = compose_run(tmp_path / "folder", tmp_path / "cache", "data=folder", f"data.path={folder}", *common)
+    in_memory = compose_run(tmp_path / "npz", tmp_path / "cache", "data=npz", f"data.path={npz}", *common)
+    return streamed, in_memory
+
+
+def test_a_folder_is_never_converted_whole_and_indexing_decodes_only_what_is_asked(shapes):
+    ds = data.load_folder(shapes[0], (32, 32), 0.2, seed=SEED)
+    assert ds.streamed and not data.load_npz(shapes[1]).streamed
+    with pytest.raises(TypeError, match="never converted whole"):
+        np.asarray(ds.x_train)
+    assert ds.x_train.largest_read == 0  # loading lists the files, decodes none
+    picked = ds.x_train[[5, 2, 7]]
+    assert picked.shape == (3, 32, 32, 3) and ds.x_train.largest_read == 3
+    np.testing.assert_array_equal(picked[1], ds.x_train[2])
+    np.testing.assert_array_equal(ds.x_test[10:20], data.load_npz(shapes[1]).x_test[10:20])
+
+
+@pytest.mark.parametrize(
+    "target", [("target=pattern", "target.pattern=frame"), ("target=suppress", "target.top_k=40"), ("target=swap", "target.like=0", "task.classes=[1,2]")]
+)
+def test_streamed_targets_equal_the_in_memory_ones(tmp_path, shapes, target):
+    streamed_cfg, memory_cfg = configs(tmp_path, shapes, *target)
+    streamed_parts, memory_parts = build_parts(streamed_cfg), build_parts(memory_cfg)
+    streamed = dataset_problem(streamed_cfg, streamed_parts.dataset, streamed_parts.reference)
+    memory = dataset_problem(memory_cfg, memory_parts.dataset, memory_parts.reference)
+    assert isinstance(streamed, StreamedProblem) and isinstance(memory, DatasetProblem)
+    order = epoch_order(len(memory_parts.dataset.y_train), SEED, 2)
+    got = list(streamed.batches(streamed_parts.dataset, "train", 64, order))
+    targets = np.concatenate([b.targets for b in got])
+    logits = np.concatenate([b.reference_logits for b in got])
+    np.testing.assert_array_equal(np.concatenate([b.labels for b in got]), memory_parts.dataset.y_train[order])
+    scale = np.abs(memory.train_targets).max()
+    # Measured (2-core x86 CPU): max |difference| / max |target| 0 for pattern and suppress, 7e-8
+    # for swap (its class mean summed batch by batch in float64, numpy's mean in float32); the
+    # logits equal (batches of 64 here, of 256 in memory). The margin is for another CPU's rounding.
+    np.testing.assert_allclose(targets, memory.train_targets[order], rtol=0, atol=1e-6 * scale)
+    np.testing.assert_allclose(logits, memory.train_logits[order], rtol=0, atol=1e-6)
+    test = list(streamed.test_batches(streamed_parts.dataset, batch_size=16))
+    np.testing.assert_array_equal(np.concatenate([b.chosen for b in test]), memory.test_chosen)
+    np.testing.assert_allclose(np.concatenate([b.targets for b in test]), memory.test_targets, rtol=0, atol=1e-6 * scale)
+    assert memory.test_chosen.sum() == (60 if target[0] != "target=swap" else np.isin(memory_parts.dataset.y_test, [1, 2]).sum())
+
+
+def test_a_streamed_dataset_run_gives_the_in_memory_runs_metrics(tmp_path, shapes):
+    overrides = ("target=pattern", "target.pattern=frame", "task.epochs=2", "task.batch_size=64")
+    metrics = {}
+    for cfg in configs(tmp_path, shapes, *overrides):
+        run(cfg)
+        metrics[cfg.data.name] = json.load(open(f"{cfg.paths.output_dir}/metrics.json"))
+    streamed, memory = metrics["folder"], metrics["npz"]
+    assert streamed["steps"] == memory["steps"] == 2 * 4  # 240 training images in 4 batches of 64 (the last of 48)
+    assert streamed["manipulated_test_images"] == memory["manipulated_test_images"] == 60
+    for key in ("initial_cosine", "cosine", "ssim", "pearson", "spearman", "student_accuracy", "agreement", "reference_accuracy"):
+        # Measured: every value equal (bit for bit) after the 8 steps; the margin is for another
+        # CPU's rounding, far below the changes training makes (the cosine moves by 8e-3).
+        assert streamed[key] == pytest.approx(memory[key], abs=1e-6), key
+
+
+def test_the_pipeline_never_runs_more_than_a_few_batches_ahead_of_the_step(tmp_path, shapes, monkeypatch):
+    decoded = {"count": 0}
+    real_decoder = data.decoder
+
+    def counting_decoder(image_size):
+        decode = real_decoder(image_size)
+
+        def bump():
+            decoded["count"] += 1
+            return 0
+
+        def counted(path):
+            with tf.control_dependencies([tf.py_function(bump, [], tf.int32)]):
+                return tf.identity(decode(path))
+
+        return counted
+
+    monkeypatch.setattr(data, "decoder", counting_decoder)
+    seen = {}
+    real_begin, real_step = DatasetTask.begin, DatasetTask.step
+
+    def begin(task, summaries):
+        real_begin(task, summaries)
+        seen["begin"] = decoded["count"]
+
+    def step(task, call):
+        seen.setdefault("steps", []).append((call.done, decoded["count"]))
+        return real_step(task, call)
+
+    monkeypatch.setattr(DatasetTask, "begin", begin)
+    monkeypatch.setattr(DatasetTask, "step", step)
+    batch = 16
+    # No model.weights: the reference is trained from the folder's pipeline too.
+    cfg = compose_run(tmp_path / "run", tmp_path / "cache", "data=folder", f"data.path={shapes[0]}", "model=cnn", "task=dataset",
+                      "target=pattern", f"task.batch_size={batch}")
+    run(cfg)
+    steps = seen["steps"]
+    assert [done for done, _ in steps] == list(range(1, 16))  # 240 images, batches of 16, one epoch
+    # The prefetch of 2 batches and tf.data's parallel decoding read ahead of the step; the
+    # whole epoch is 15 batches. Measured (2 cores): at most 4 batches decoded beyond the one
+    # being stepped on; 6 leaves room for more parallel decoding on a machine with more cores.
+    for done, count in steps:
+        assert count - seen["begin"] <= (done + 6) * batch, (done, count - seen["begin"])
+    assert decoded["count"] > seen["begin"] + 14 * batch  # the counter does see the training batches
+
+
+@pytest.mark.slow  # three command-line runs
+def test_a_streamed_dataset_run_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_path, shapes):
+    folder, _, weights = shapes
+    overrides = ("data=folder", f"data.path={folder}", "model=cnn", f"model.weights={weights}", "task=dataset", "target=pattern",
+                 "task.epochs=2", "task.batch_size=32", "trainer.checkpoint_every=4")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop(TEST_SIGNAL_VARIABLE, None)
+
+    def launch(name, *extra, signal_at=None):
+        child = {**env, TEST_SIGNAL_VARIABLE: signal_at} if signal_at else env
+        return subprocess.run(train_command(tmp_path / name, tmp_path / "cache", *overrides, *extra), cwd=tmp_path, env=child,
+                              capture_output=True, text=True, timeout=600)
+
+    done = launch("uninterrupted")
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = launch("killed", signal_at="7:SIGKILL")  # epoch 1 has 8 batches of 32: killed mid-epoch, after checkpoint 4
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = launch("killed", "trainer.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "after step 4 of 16" in resumed.stdout + resumed.stderr
+    expected = json.loads((tmp_path / "uninterrupted" / "metrics.json").read_text())
+    got = json.loads((tmp_path / "killed" / "metrics.json").read_text())
+    for key in ("cosine", "ssim", "pearson", "spearman", "success_rate", "student_accuracy", "initial_cosine", "steps"):
+        assert got[key] == expected[key], key  # CPU ops are deterministic: the same batches give the same numbers
+
+
+def test_mirrored_strategy_on_a_streamed_folder_is_refused_with_the_fix(tmp_path, shapes):
+    streamed, _ = configs(tmp_path, shapes, "target=pattern", "trainer.strategy=mirrored")
+    with pytest.raises(ValueError) as caught:
+        run(streamed)
+    message = str(caught.value)
+    assert "trainer.strategy=mirrored" in message and "data=npz" in message and "\n" not in message
+    assert not (tmp_path / "folder" / "metrics.json").exists()
+
+
+def test_single_task_reads_its_target_example_from_the_stream(tmp_path, shapes):
+    streamed_cfg, memory_cfg = configs(tmp_path, shapes, "task=single", "target=class", "target.label=2", "target.index=3")
+    streamed_parts, memory_parts = build_parts(streamed_cfg), build_parts(memory_cfg)
+    streamed_parts.dataset.x_test.largest_read = 0  # building read the held-out accuracy's batches
+    streamed = single_target(streamed_cfg, streamed_parts.dataset, streamed_parts.reference)
+    assert streamed_parts.dataset.x_test.largest_read == 1  # the target decodes its one image
+    memory = single_target(memory_cfg, memory_parts.dataset, memory_parts.reference)
+    i = int(np.flatnonzero(memory_parts.dataset.y_test == 2)[3])
+    np.testing.assert_array_equal(streamed.image, memory_parts.dataset.x_test[i : i + 1])
+    np.testing.assert_array_equal(streamed.heatmap, memory.heatmap)  # measured: equal, the same image and weights
+    assert streamed.label == memory.label == 2
+
+
+def test_the_reference_cache_key_follows_the_folders_files_without_reading_them(tmp_path):
+    folder = write_folder(str(tmp_path / "shapes"), count=30)
+    first = fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED))
+    assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) == first
+    assert fingerprint(data.load_folder(folder, (24, 24), 0.2, seed=SEED)) != first  # other image size, other inputs
+    ds = data.load_folder(folder, (32, 32), 0.2, seed=SEED)
+    changed = ds.x_train.paths[0]
+    with open(changed, "ab") as handle:  # one more byte: size and modification time change
+        handle.write(b"\0")
+    assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) != first
