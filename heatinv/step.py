@@ -29,6 +29,7 @@ batch 1; ``python -m heatinv.bench`` measures it):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Callable
 
@@ -36,9 +37,15 @@ import keras
 import tensorflow as tf
 
 from heatinv.lrp import LRP
-from heatinv.lrp.canonize import Pool
+from heatinv.lrp.canonize import Merge, Pool
 
-MODES = ("eager", "function", "xla")
+MODES = ("eager", "function", "xla", "auto")
+
+XLA_FAILURES = (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError)
+"""What a step XLA cannot compile raises on its first call (an op without an XLA kernel:
+``InvalidArgumentError: Detected unsupported operations when trying to compile graph``)."""
+
+log = logging.getLogger(__name__)
 
 Objective = Callable[..., dict]
 """``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar, ...}``."""
@@ -260,8 +267,13 @@ class CompiledStep:
     ``xla_loop=None`` (the default) picks the XLA loop for models without convolution or
     pooling layers.
 
+    With ``fallback`` (``trainer.jit_compile=auto``) a first call that XLA cannot compile
+    (:data:`XLA_FAILURES`) rebuilds the step without XLA, logs one line, and runs the call
+    again: XLA compiles before it runs anything, so the failed call updated nothing.
+
     Attributes:
-        mode: ``eager``, ``function`` or ``xla``.
+        mode: ``eager``, ``function`` or ``xla``: what the calls run (after a fallback, ``function``).
+        why: how the mode was chosen, for the log and ``metrics.json``.
         steps_per_execution: the default number of updates per call.
         xla_loop: whether the multi-step loop runs inside the XLA program.
         function: the ``tf.function`` one call runs (None in eager mode), e.g. for
@@ -277,12 +289,23 @@ class CompiledStep:
         mode: str,
         steps_per_execution: int,
         xla_loop: bool | None = None,
+        why: str = "",
+        fallback: bool = False,
     ):
+        self.parts = (student, explainer, objective, optimizer)
+        self.requested_xla_loop = xla_loop
+        self.steps_per_execution = steps_per_execution
+        self.why = why or f"mode {mode}"
+        self.fallback = fallback and mode == "xla"
+        self._build(mode)
+
+    def _build(self, mode: str) -> None:
+        student, explainer, objective, optimizer = self.parts
+        steps_per_execution, xla_loop = self.steps_per_execution, self.requested_xla_loop
         if xla_loop is None:
-            xla_loop = not any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
+            xla_loop = not _convolutional(explainer)
         self.mode = mode
         self.xla_loop = bool(xla_loop) and mode == "xla" and steps_per_execution > 1
-        self.steps_per_execution = steps_per_execution
         variables = student.trainable_variables
         class_shape = _class_shape(explainer) if steps_per_execution > 1 else None
         term_names = tuple(getattr(objective, "terms", ()))
@@ -340,6 +363,19 @@ class CompiledStep:
         steps = self.steps_per_execution if steps is None else int(steps)
         if steps < 1:
             raise ValueError(f"steps must be a positive number of updates, got {steps}.")
+        if not self.fallback:
+            return self._run(batch, steps)
+        self.fallback = False  # only the first call compiles
+        try:
+            return self._run(batch, steps)
+        except XLA_FAILURES as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            log.warning(f"heatinv: XLA cannot compile this step, running it without XLA ({first_line[:200]})")
+            self.why = f"{self.why}; XLA failed to compile it: {first_line[:200]}"
+            self._build("function")
+            return self._run(batch, steps)
+
+    def _run(self, batch: tuple, steps: int) -> dict:
         if self._many is not None:
             return self._many(tf.constant(steps, tf.int32), *batch)
         skipped = tf.constant(0, tf.int32)
@@ -360,6 +396,44 @@ def _class_shape(explainer: LRP) -> list[int]:
     return [int(d) for d in shape]
 
 
+def _convolutional(explainer: LRP) -> bool:
+    """Whether the model has convolution or pooling layers."""
+    return any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
+
+
+def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple[str, str]:
+    """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model, batch and loop.
+
+    The rule follows the bench (``python -m heatinv.bench``, README "Benchmarks", 2 CPU
+    cores), keyed on what the graph is and on the batch:
+
+    - a model without convolutions or pooling (the mlp, a table's model): XLA at batch 1,
+      and at any batch when several updates run per call (``steps_per_execution > 1``,
+      then the whole loop is one XLA program: faster at batch 1, 64 and 256); with one
+      update per call at a larger batch XLA was 0.9-1.1x the graph's time, so no XLA;
+    - a chain of convolutions (no merges) at batch 1: XLA (the cnn's step ~2x faster);
+    - other convolutional models: no XLA. The cnn at batch 64 and 256 took 1.1-1.3x
+      the time with XLA, the graph models' heatmaps at batch 1 (merges: ResNet50,
+      MobileNetV2) 2-7x; DenseNet121 was faster with XLA, but one rule for every model
+      with merges is the safe one.
+
+    Example:
+    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1)  # doctest: +SKIP
+    ('xla', 'a model without convolutions at batch 1')
+    """
+    if not _convolutional(explainer):
+        if batch == 1:
+            return "xla", "a model without convolutions at batch 1"
+        if steps_per_execution > 1:
+            return "xla", f"a model without convolutions, {steps_per_execution} updates per call"
+        return "function", f"a model without convolutions at batch {batch}, one update per call"
+    if any(isinstance(step, Merge) for step in explainer.steps):
+        return "function", "a convolutional model with merges"
+    if batch == 1:
+        return "xla", "a chain of convolutions at batch 1"
+    return "function", f"a convolutional model at batch {batch}"
+
+
 def compile_step(
     student: keras.Model,
     explainer: LRP,
@@ -369,8 +443,13 @@ def compile_step(
     steps_per_execution: int = 1,
     *,
     xla_loop: bool | None = None,
+    batch: int | None = None,
 ) -> CompiledStep:
     """``step(x, label, target, *extra, steps=None)``: :func:`update` run eagerly, as a graph, or with XLA.
+
+    ``mode="auto"`` (``trainer.jit_compile=auto``) picks ``xla`` or ``function`` by
+    :func:`auto_mode` for the model and ``batch``, and falls back to ``function`` when XLA
+    cannot compile the step (see :class:`CompiledStep`).
 
     With ``steps_per_execution=N > 1`` one call runs ``N`` updates inside one compiled
     ``tf.while_loop`` (one dispatch, one host read of the loss per ``N`` steps); in ``xla``
@@ -391,7 +470,23 @@ def compile_step(
     if int(steps_per_execution) != steps_per_execution or steps_per_execution < 1:
         raise ValueError(f"steps_per_execution must be a positive integer, got {steps_per_execution!r}.")
     optimizer.build(student.trainable_variables)
-    return CompiledStep(student, explainer, objective, optimizer, mode, int(steps_per_execution), xla_loop)
+    why, fallback = {"xla": "trainer.jit_compile=true", "function": "trainer.jit_compile=false"}.get(mode, mode), False
+    if mode == "auto":
+        if batch is None:
+            raise ValueError("mode='auto' needs the batch size (batch=...): the rule depends on it.")
+        mode, reason = auto_mode(explainer, batch, int(steps_per_execution))
+        why, fallback = f"trainer.jit_compile=auto: {reason}", True
+    return CompiledStep(student, explainer, objective, optimizer, mode, int(steps_per_execution), xla_loop, why, fallback)
+
+
+def mode_for(jit_compile) -> str:
+    """The step mode of a ``trainer.jit_compile`` value: ``"auto"``, ``"xla"`` (true) or ``"function"`` (false).
+
+    Example:
+    >>> [mode_for(v) for v in ("auto", True, False)]
+    ['auto', 'xla', 'function']
+    """
+    return "auto" if jit_compile == "auto" else ("xla" if jit_compile else "function")
 
 
 def schedule(total: int, steps_per_execution: int, log_every: int, start: int = 0) -> Iterator[tuple[int, int, bool]]:
