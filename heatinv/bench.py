@@ -22,13 +22,15 @@ Variants:
     ``tf.GradientTape`` around it and Keras's Adam; for the cnn, heatinv's step in eager mode.
 ``compiled``, ``compiled_xla``
     :func:`heatinv.step.compile_step` in ``function`` / ``xla`` mode, one update per call
-    (``compiled`` is what ``trainer.jit_compile=false``, the default, runs).
+    (``compiled`` is what ``trainer.jit_compile=false`` runs).
 ``multi_step``, ``multi_step_xla``, ``multi_step_xla_loop``
     the same with ``steps_per_execution=N`` (``--steps-per-execution``): N updates per call.
     ``multi_step_xla`` loops in the graph around the XLA-compiled update
     (``xla_loop=False``), ``multi_step_xla_loop`` compiles the loop into the XLA program
     (``xla_loop=True``); ``compile_step``'s default picks the latter for the mlp and the
-    former for the cnn. ``multi_step_xla_loop`` is skipped for the cnn unless named in
+    former for the cnn. Each record's ``auto_pick`` is what ``trainer.jit_compile=auto``
+    picks for the case's multi-step variants (:func:`heatinv.step.auto_mode`), and the
+    ratios compare that pick with the other mode. ``multi_step_xla_loop`` is skipped for the cnn unless named in
     ``--variants``: there XLA's CPU while loop runs each update ~10x slower (~0.45 s per
     update at batch 64), which would dominate the run.
 ``keras_fit``, ``keras_fit_multi``, ``keras_fit_xla``

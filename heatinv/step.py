@@ -402,36 +402,31 @@ def _convolutional(explainer: LRP) -> bool:
 
 
 def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple[str, str]:
-    """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model, batch and loop.
+    """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model and batch.
 
-    The rule follows the bench (``python -m heatinv.bench``, README "Benchmarks", 2 CPU
-    cores), keyed on what the graph is and on the batch:
+    XLA at batch 1 for a model without merges (a chain of layers), no XLA otherwise. The
+    rule follows the bench (``python -m heatinv.bench ... --steps-per-execution 25``,
+    README "Benchmarks", 2 CPU cores, epsilon_gamma_box):
 
-    - a model without convolutions or pooling (the mlp, a table's model): XLA at batch 1,
-      and at any batch when several updates run per call (``steps_per_execution > 1``,
-      then the whole loop is one XLA program: faster at batch 1, 64 and 256); with one
-      update per call at a larger batch XLA was 0.9-1.1x the graph's time, so no XLA;
-    - a chain of convolutions (no merges) at batch 1: XLA (the cnn's step ~2x faster);
-    - other convolutional models: no XLA. The cnn at batch 64 and 256 took 1.1-1.3x
-      the time with XLA, the graph models' heatmaps at batch 1 (merges: ResNet50,
-      MobileNetV2) 2-7x; DenseNet121 was faster with XLA, but one rule for every model
-      with merges is the safe one.
+    - batch 1: the mlp's updates compiled into one XLA loop took 0.53x the time of the
+      graph loop, the cnn's (a chain of convolutions) graph loop around its XLA update 0.48x;
+    - batch 64: the mlp's XLA loop took 1.8x the time, the cnn's XLA update 1.7x;
+    - models with merges (ResNet50, MobileNetV2): their heatmaps took 2-7x the time with XLA
+      at batch 1 (DenseNet121 was faster, but one rule for every model with merges is the
+      safe one).
+
+    ``steps_per_execution`` only names the loop in ``why``.
 
     Example:
-    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1)  # doctest: +SKIP
-    ('xla', 'a model without convolutions at batch 1')
+    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
+    ('xla', 'batch 1, a chain of layers, 25 updates per call')
     """
-    if not _convolutional(explainer):
-        if batch == 1:
-            return "xla", "a model without convolutions at batch 1"
-        if steps_per_execution > 1:
-            return "xla", f"a model without convolutions, {steps_per_execution} updates per call"
-        return "function", f"a model without convolutions at batch {batch}, one update per call"
+    calls = f"{steps_per_execution} update{'s' if steps_per_execution > 1 else ''} per call"
     if any(isinstance(step, Merge) for step in explainer.steps):
-        return "function", "a convolutional model with merges"
-    if batch == 1:
-        return "xla", "a chain of convolutions at batch 1"
-    return "function", f"a convolutional model at batch {batch}"
+        return "function", f"a model with merges, {calls}"
+    if batch != 1:
+        return "function", f"batch {batch}, {calls}"
+    return "xla", f"batch 1, a chain of layers, {calls}"
 
 
 def compile_step(

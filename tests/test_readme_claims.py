@@ -138,7 +138,7 @@ def test_jit_compile_auto_runs_the_mlp_under_xla_with_the_same_result(composed, 
     run(cfg)
     metrics = read_metrics(out)
     assert metrics["xla"] is True
-    assert metrics["xla_why"] == "trainer.jit_compile=auto: a model without convolutions at batch 1"
+    assert metrics["xla_why"] == "trainer.jit_compile=auto: batch 1, a chain of layers, 25 updates per call"
     # As for jit_compile=true: the same 5 Adam steps, XLA against the graph step.
     assert metrics["loss"] == pytest.approx(float32_run["loss"], rel=1e-4)
     assert metrics["cosine"] == pytest.approx(float32_run["cosine"], abs=1e-5)

@@ -291,8 +291,7 @@ def _merge_model(dtype: str = "float32") -> keras.Model:
     [
         ("dense", 1, 1, "xla"),
         ("dense", 1, 25, "xla"),
-        ("dense", 64, 25, "xla"),  # the whole loop in one XLA program
-        ("dense", 64, 1, "function"),
+        ("dense", 64, 25, "function"),
         ("conv", 1, 25, "xla"),
         ("conv", 64, 25, "function"),
         ("merge", 1, 25, "function"),
