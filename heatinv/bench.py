@@ -22,13 +22,15 @@ Variants:
     ``tf.GradientTape`` around it and Keras's Adam; for the cnn, heatinv's step in eager mode.
 ``compiled``, ``compiled_xla``
     :func:`heatinv.step.compile_step` in ``function`` / ``xla`` mode, one update per call
-    (``compiled`` is what ``trainer.jit_compile=false``, the default, runs).
+    (``compiled`` is what ``trainer.jit_compile=false`` runs).
 ``multi_step``, ``multi_step_xla``, ``multi_step_xla_loop``
     the same with ``steps_per_execution=N`` (``--steps-per-execution``): N updates per call.
     ``multi_step_xla`` loops in the graph around the XLA-compiled update
     (``xla_loop=False``), ``multi_step_xla_loop`` compiles the loop into the XLA program
     (``xla_loop=True``); ``compile_step``'s default picks the latter for the mlp and the
-    former for the cnn. ``multi_step_xla_loop`` is skipped for the cnn unless named in
+    former for the cnn. Each record's ``auto_pick`` is what ``trainer.jit_compile=auto``
+    picks for the case's multi-step variants (:func:`heatinv.step.auto_mode`), and the
+    ratios compare that pick with the other mode. ``multi_step_xla_loop`` is skipped for the cnn unless named in
     ``--variants``: there XLA's CPU while loop runs each update ~10x slower (~0.45 s per
     update at batch 64), which would dominate the run.
 ``keras_fit``, ``keras_fit_multi``, ``keras_fit_xla``
@@ -46,8 +48,9 @@ Variants:
 ``main_job`` (``--main-job SHORT,LONG``, on by default outside ``--quick``)
     the main job as a user runs it, ``python -m heatinv.train`` with the default
     configuration (mlp, epsilon_gamma_box, batch 1), run for SHORT and for LONG steps in
-    fresh processes: the wall time per step of the difference, summaries, checkpoints and
-    logging included, start-up excluded.
+    fresh processes: the loop's wall time per step of the difference (from the runs'
+    ``metrics.json``), summaries, checkpoints and logging included, start-up and the
+    first (compiling) call excluded; see :func:`main_job`.
 
 ``peak_rss_mb`` is the process's peak resident set size so far (``ru_maxrss``), read after
 each variant's timing: process-wide and monotone, so it bounds, rather than isolates, the
@@ -212,6 +215,7 @@ class Runner:
     call: Callable[[], float]
     steps_per_call: int
     jit: str = ""
+    auto_pick: str = ""
 
 
 def _data(case: Case, dataset):
@@ -259,10 +263,12 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
 
     from heatinv.losses import HeatmapMatch, heatmap_loss
     from heatinv.lrp import LRP
-    from heatinv.step import compile_step, make_optimizer
+    from heatinv.step import auto_mode, compile_step, make_optimizer
 
     student, x, y, target = _data(case, dataset)
     loss_fn = heatmap_loss("mse")
+    # what trainer.jit_compile=auto runs for this case's multi-step variants
+    pick = auto_mode(LRP(student, case.composite), case.batch, steps_per_execution)[0]
     runners = []
     for variant in variants:
         model = _copy(student)
@@ -318,6 +324,8 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
             runners.append(Runner(variant, lambda f=fn: float(f(x, y)[1]), 1, "xla" if jit else "function"))
         else:
             raise ValueError(f"Unknown variant {variant!r}; expected some of {list(VARIANTS)}.")
+    for runner in runners:
+        runner.auto_pick = pick
     return runners
 
 
@@ -369,6 +377,7 @@ def measure(case: Case, runners: list[Runner], repeats: int, min_time: float, ma
                 "repeats": repeats,
                 "compile_s": setup[runner.variant][0],
                 "jit": runner.jit,
+                "auto_pick": runner.auto_pick,
             }
         )
     return records
@@ -428,6 +437,11 @@ def ratios(records: list[dict]) -> list[dict]:
                 add("default step / keras_fit", default, fit, "<=", GOAL_KERAS_RATIO, "compiled / keras_fit")
             if fastest and keras_best:
                 add("best step / best keras", fastest, keras_best, "<=", GOAL_KERAS_RATIO, f"{fastest['variant']} / {keras_best['variant']}")
+        graph_loop, xla_loop = get("multi_step"), get("multi_step_xla_loop" if model == "mlp" else "multi_step_xla")
+        if graph_loop and xla_loop and graph_loop.get("auto_pick"):
+            # trainer.jit_compile=auto's pick against the other mode, with the loop compile_step builds
+            picked, other = (xla_loop, graph_loop) if graph_loop["auto_pick"] == "xla" else (graph_loop, xla_loop)
+            add(f"auto ({graph_loop['auto_pick']}) / the other mode", picked, other, "<=", 1.0, f"{picked['variant']} / {other['variant']}")
         for suffix in ("", "_xla"):
             heat, fb = get("heatmap_only" + suffix), get("forward_backward" + suffix)
             if heat and fb:
@@ -544,31 +558,40 @@ def main_job(short: int, long: int, overrides: tuple[str, ...] = ()) -> dict:
     """The main job as a user runs it: ``python -m heatinv.train`` with the defaults.
 
     Runs the command twice, for ``short`` and ``long`` steps, in fresh processes (their own
-    output folders in a temporary directory), and reports the wall time per step of the
-    difference: start-up, model building and the final outputs cancel, while everything the
-    loop does per step (summaries, checkpoints, logging included) stays.
+    output folders in a temporary directory), and reports the loop's wall time per step of
+    the difference, from each run's ``metrics.json``: ``loop_seconds`` less the first call
+    (which traces and compiles the step, and whose time a loaded machine makes vary by
+    seconds), so everything the loop does per step stays (the step, summaries, checkpoints,
+    logging) while start-up, model building, compiling and the final outputs cancel. The
+    processes' own wall times are kept too (``process_ms_per_step``, the same difference).
 
     Returns:
         A record like the others: ``variant`` ``main_job``, the default model, composite and
-        batch (mlp, epsilon_gamma_box, 1), ``ms_median`` per step, ``steps_per_second``.
+        batch (mlp, epsilon_gamma_box, 1), ``ms_median`` per step, ``steps_per_second``;
+        ``jit`` says whether the job's step ran with XLA (``metrics.json``'s ``xla_why``).
 
     Example:
     >>> record = main_job(100, 1100)  # doctest: +SKIP
     """
+    import json
     import subprocess
     import tempfile
 
-    wall = {}
+    wall, metrics = {}, {}
     with tempfile.TemporaryDirectory() as folder:
         for steps in (short, long):
-            command = [sys.executable, "-m", "heatinv.train", f"trainer.steps={steps}",
-                       f"hydra.run.dir={os.path.join(folder, str(steps))}", *overrides]
+            out = os.path.join(folder, str(steps))
+            command = [sys.executable, "-m", "heatinv.train", f"trainer.steps={steps}", f"hydra.run.dir={out}", *overrides]
             started = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             wall[steps] = time.perf_counter() - started
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    ms = (wall[long] - wall[short]) * 1e3 / (long - short)
+            with open(os.path.join(out, "metrics.json")) as f:
+                metrics[steps] = json.load(f)
+    loop = {steps: m["loop_seconds"] - (m["first_call_seconds"] or 0.0) for steps, m in metrics.items()}
+    ms = (loop[long] - loop[short]) * 1e3 / (long - short)
+    summaries = (metrics[long]["summaries_seconds"] - metrics[short]["summaries_seconds"]) * 1e3 / (long - short)
     return {
         "variant": "main_job",
         "model": "mlp",
@@ -582,8 +605,11 @@ def main_job(short: int, long: int, overrides: tuple[str, ...] = ()) -> dict:
         "steps_per_call": long - short,
         "calls_per_block": 1,
         "repeats": 1,
-        "compile_s": wall[short],
-        "jit": " ".join(overrides) or "defaults",
+        "compile_s": metrics[long]["first_call_seconds"],
+        "jit": metrics[long].get("xla_why", " ".join(overrides) or "defaults"),
+        "summaries_ms_per_step": summaries,
+        "process_ms_per_step": (wall[long] - wall[short]) * 1e3 / (long - short),
+        "command": f"python -m heatinv.train trainer.steps={short} / {long} {' '.join(overrides)}".strip(),
     }
 
 

@@ -103,7 +103,7 @@ class TrainerConfig:
     steps: int = 300
     log_every: int = 25
     seed: int = 0
-    jit_compile: bool = False
+    jit_compile: Any = "auto"  # auto | true | false: XLA where it was measured faster (heatinv.step.auto_mode)
     precision: str = "float32"  # float32 | float64
     strategy: str = "none"  # none | mirrored (task=dataset: one replica per GPU, tf.distribute.MirroredStrategy)
     steps_per_execution: int = 25  # updates per compiled call (one dispatch and host read per call)
@@ -154,6 +154,7 @@ CHOICES = {
     "optimizer.name": ("adam", "sgd"),
     "trainer.precision": ("float32", "float64"),
     "trainer.strategy": ("none", "mirrored"),
+    "trainer.jit_compile": ("auto", True, False),
 }
 
 POSITIVE = (

@@ -48,7 +48,7 @@ from heatinv.lrp import LRP
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
-from heatinv.step import compile_step, gradient_stats, make_optimizer
+from heatinv.step import compile_step, gradient_stats, make_optimizer, mode_for
 from heatinv.summaries import TRAIN, Summaries
 
 TERMS = ("heatmap", "cross_entropy", "logit_match")
@@ -293,8 +293,10 @@ class DatasetTask:
         if self.strategy is None:
             self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
             self.explainer = explainer_for(self.student, cfg)
-            mode = "xla" if cfg.trainer.jit_compile else "function"
-            self.compiled = compile_step(self.student, self.explainer, objective, self.optimizer, mode)
+            self.compiled = compile_step(
+                self.student, self.explainer, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size
+            )
+            self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:
             log.info(f"heatinv: {self.strategy.num_replicas_in_sync} replicas (MirroredStrategy)")
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
@@ -303,6 +305,9 @@ class DatasetTask:
                 self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
                 self.optimizer.build(self.student.trainable_variables)
             self.explainer = explainer_for(self.student, cfg)
+            # auto runs the replicas without XLA: its rule was measured on one device
+            self.xla = mode_for(cfg.trainer.jit_compile) == "xla"
+            self.xla_why = f"trainer.jit_compile={cfg.trainer.jit_compile} under trainer.strategy={cfg.trainer.strategy}"
             spec = self._distributed(self._epoch_batches(1, 0)).element_spec
             # trainer.jit_compile compiles each replica's loss and gradients with XLA; the
             # cross-replica all-reduce and the optimizer update stay outside it.
@@ -310,7 +315,7 @@ class DatasetTask:
                 with_norms: tf.function(
                     mirrored_step(
                         self.strategy, self.student, self.explainer, objective, self.optimizer, with_norms,
-                        bool(cfg.trainer.jit_compile),
+                        self.xla,
                     ),
                     input_signature=[spec],
                 )
@@ -439,6 +444,8 @@ class DatasetTask:
             "steps": loop.steps,
             **loop.timing(),
             "nonfinite_steps": loop.nonfinite_steps,
+            "xla": self.xla,
+            "xla_why": self.compiled.why if self.strategy is None else self.xla_why,
             "stopped_at_step": loop.stopped,
             "manipulated_test_images": self.manipulated,
             "target": self.problem.description,

@@ -24,7 +24,7 @@ from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
 from heatinv.figures import feature_figure, heatmap_figure
 from heatinv.similarity import cosine_numpy, similarity_numpy
-from heatinv.step import compile_step, make_optimizer, schedule
+from heatinv.step import compile_step, make_optimizer, mode_for, schedule
 from heatinv.summaries import Summaries
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,11 @@ class SingleTask:
             self.explainer,
             HeatmapMatch(self.loss_fn),
             self.optimizer,
-            "xla" if cfg.trainer.jit_compile else "function",
+            mode_for(cfg.trainer.jit_compile),
             steps_per_execution=cfg.trainer.steps_per_execution,
+            batch=int(self.x.shape[0]),
         )
+        log.info(f"heatinv: the step runs {'with' if self.compiled.mode == 'xla' else 'without'} XLA ({self.compiled.why})")
         self.variables = self.student.trainable_variables
         self.state: dict = {}
         self.initial = self.explainer(self.x, self.label).numpy()  # before any resume: the run's own start
@@ -134,6 +136,8 @@ class SingleTask:
             "diagnosis": [finding.as_dict() for finding in findings],
             "stopped_at_step": 0 if self.stopped_before_start else loop.stopped,
             "nonfinite_steps": loop.nonfinite_steps,
+            "xla": self.compiled.mode == "xla",
+            "xla_why": self.compiled.why,
         }
         summaries.match(steps, {"loss": final_loss, **scores})
         if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature

@@ -29,6 +29,7 @@ batch 1; ``python -m heatinv.bench`` measures it):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Callable
 
@@ -36,9 +37,15 @@ import keras
 import tensorflow as tf
 
 from heatinv.lrp import LRP
-from heatinv.lrp.canonize import Pool
+from heatinv.lrp.canonize import Merge, Pool
 
-MODES = ("eager", "function", "xla")
+MODES = ("eager", "function", "xla", "auto")
+
+XLA_FAILURES = (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError)
+"""What a step XLA cannot compile raises on its first call (an op without an XLA kernel:
+``InvalidArgumentError: Detected unsupported operations when trying to compile graph``)."""
+
+log = logging.getLogger(__name__)
 
 Objective = Callable[..., dict]
 """``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar, ...}``."""
@@ -260,8 +267,13 @@ class CompiledStep:
     ``xla_loop=None`` (the default) picks the XLA loop for models without convolution or
     pooling layers.
 
+    With ``fallback`` (``trainer.jit_compile=auto``) a first call that XLA cannot compile
+    (:data:`XLA_FAILURES`) rebuilds the step without XLA, logs one line, and runs the call
+    again: XLA compiles before it runs anything, so the failed call updated nothing.
+
     Attributes:
-        mode: ``eager``, ``function`` or ``xla``.
+        mode: ``eager``, ``function`` or ``xla``: what the calls run (after a fallback, ``function``).
+        why: how the mode was chosen, for the log and ``metrics.json``.
         steps_per_execution: the default number of updates per call.
         xla_loop: whether the multi-step loop runs inside the XLA program.
         function: the ``tf.function`` one call runs (None in eager mode), e.g. for
@@ -277,12 +289,23 @@ class CompiledStep:
         mode: str,
         steps_per_execution: int,
         xla_loop: bool | None = None,
+        why: str = "",
+        fallback: bool = False,
     ):
+        self.parts = (student, explainer, objective, optimizer)
+        self.requested_xla_loop = xla_loop
+        self.steps_per_execution = steps_per_execution
+        self.why = why or f"mode {mode}"
+        self.fallback = fallback and mode == "xla"
+        self._build(mode)
+
+    def _build(self, mode: str) -> None:
+        student, explainer, objective, optimizer = self.parts
+        steps_per_execution, xla_loop = self.steps_per_execution, self.requested_xla_loop
         if xla_loop is None:
-            xla_loop = not any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
+            xla_loop = not _convolutional(explainer)
         self.mode = mode
         self.xla_loop = bool(xla_loop) and mode == "xla" and steps_per_execution > 1
-        self.steps_per_execution = steps_per_execution
         variables = student.trainable_variables
         class_shape = _class_shape(explainer) if steps_per_execution > 1 else None
         term_names = tuple(getattr(objective, "terms", ()))
@@ -340,6 +363,19 @@ class CompiledStep:
         steps = self.steps_per_execution if steps is None else int(steps)
         if steps < 1:
             raise ValueError(f"steps must be a positive number of updates, got {steps}.")
+        if not self.fallback:
+            return self._run(batch, steps)
+        self.fallback = False  # only the first call compiles
+        try:
+            return self._run(batch, steps)
+        except XLA_FAILURES as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            log.warning(f"heatinv: XLA cannot compile this step, running it without XLA ({first_line[:200]})")
+            self.why = f"{self.why}; XLA failed to compile it: {first_line[:200]}"
+            self._build("function")
+            return self._run(batch, steps)
+
+    def _run(self, batch: tuple, steps: int) -> dict:
         if self._many is not None:
             return self._many(tf.constant(steps, tf.int32), *batch)
         skipped = tf.constant(0, tf.int32)
@@ -360,6 +396,49 @@ def _class_shape(explainer: LRP) -> list[int]:
     return [int(d) for d in shape]
 
 
+def _convolutional(explainer: LRP) -> bool:
+    """Whether the model has convolution or pooling layers."""
+    return any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
+
+
+XLA_MAX_CONV_WEIGHTS = 1_000_000
+"""Convolutional models up to this many weights get XLA at batch 1 (see :func:`auto_mode`)."""
+
+
+def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple[str, str]:
+    """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model and batch.
+
+    XLA at batch 1 for a model without merges (a chain of layers) and, if it convolves,
+    with at most :data:`XLA_MAX_CONV_WEIGHTS` weights; no XLA otherwise. The rule follows
+    the bench (``python -m heatinv.bench ... --steps-per-execution 25``, README
+    "Benchmarks", 2 CPU cores, epsilon_gamma_box):
+
+    - batch 1: the mlp's updates compiled into one XLA loop took 0.41-0.53x the time of the
+      graph loop, the bench cnn's (20k weights) graph loop around its XLA update 0.48x;
+      but VGG16 at 32x32 (15M weights) took 2.8x the time for its heatmap with XLA (XLA's
+      CPU convolutions), hence the size bound, which lies between those two measurements;
+    - batch 64: the mlp's XLA loop took 0.9-1.8x the time, the cnn's XLA update 1.7x;
+    - models with merges (ResNet50, MobileNetV2): their heatmaps took 2-7x the time with XLA
+      at batch 1 (DenseNet121 was faster, but one rule for every model with merges is the
+      safe one).
+
+    ``steps_per_execution`` only names the loop in ``why``.
+
+    Example:
+    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
+    ('xla', 'batch 1, a chain of layers, 25 updates per call')
+    """
+    calls = f"{steps_per_execution} update{'s' if steps_per_execution > 1 else ''} per call"
+    if any(isinstance(step, Merge) for step in explainer.steps):
+        return "function", f"a model with merges, {calls}"
+    if batch != 1:
+        return "function", f"batch {batch}, {calls}"
+    weights = explainer.model.count_params()
+    if _convolutional(explainer) and weights > XLA_MAX_CONV_WEIGHTS:
+        return "function", f"a convolutional model of {weights} weights, {calls}"
+    return "xla", f"batch 1, a chain of layers, {calls}"
+
+
 def compile_step(
     student: keras.Model,
     explainer: LRP,
@@ -369,8 +448,13 @@ def compile_step(
     steps_per_execution: int = 1,
     *,
     xla_loop: bool | None = None,
+    batch: int | None = None,
 ) -> CompiledStep:
     """``step(x, label, target, *extra, steps=None)``: :func:`update` run eagerly, as a graph, or with XLA.
+
+    ``mode="auto"`` (``trainer.jit_compile=auto``) picks ``xla`` or ``function`` by
+    :func:`auto_mode` for the model and ``batch``, and falls back to ``function`` when XLA
+    cannot compile the step (see :class:`CompiledStep`).
 
     With ``steps_per_execution=N > 1`` one call runs ``N`` updates inside one compiled
     ``tf.while_loop`` (one dispatch, one host read of the loss per ``N`` steps); in ``xla``
@@ -391,7 +475,23 @@ def compile_step(
     if int(steps_per_execution) != steps_per_execution or steps_per_execution < 1:
         raise ValueError(f"steps_per_execution must be a positive integer, got {steps_per_execution!r}.")
     optimizer.build(student.trainable_variables)
-    return CompiledStep(student, explainer, objective, optimizer, mode, int(steps_per_execution), xla_loop)
+    why, fallback = {"xla": "trainer.jit_compile=true", "function": "trainer.jit_compile=false"}.get(mode, mode), False
+    if mode == "auto":
+        if batch is None:
+            raise ValueError("mode='auto' needs the batch size (batch=...): the rule depends on it.")
+        mode, reason = auto_mode(explainer, batch, int(steps_per_execution))
+        why, fallback = f"trainer.jit_compile=auto: {reason}", True
+    return CompiledStep(student, explainer, objective, optimizer, mode, int(steps_per_execution), xla_loop, why, fallback)
+
+
+def mode_for(jit_compile) -> str:
+    """The step mode of a ``trainer.jit_compile`` value: ``"auto"``, ``"xla"`` (true) or ``"function"`` (false).
+
+    Example:
+    >>> [mode_for(v) for v in ("auto", True, False)]
+    ['auto', 'xla', 'function']
+    """
+    return "auto" if jit_compile == "auto" else ("xla" if jit_compile else "function")
 
 
 def schedule(total: int, steps_per_execution: int, log_every: int, start: int = 0) -> Iterator[tuple[int, int, bool]]:

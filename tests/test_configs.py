@@ -151,7 +151,7 @@ def test_typo_key_fails_at_compose(compose_train, override):
 
 @pytest.mark.parametrize(
     "override",
-    ["trainer.steps=many", "optimizer.lr=fast", "trainer.jit_compile=maybe", "model.hidden=[a,b]"],
+    ["trainer.steps=many", "optimizer.lr=fast", "model.hidden=[a,b]"],
 )
 def test_wrong_type_fails_at_compose(compose_train, override):
     with pytest.raises(ConfigCompositionException) as info:
@@ -194,6 +194,7 @@ def test_out_of_range_value_fails_validate_naming_key(compose_train, override, k
         ("target.pattern=circle", "target.pattern"),
         ("optimizer.name=rmsprop", "optimizer.name"),
         ("trainer.precision=float16", "trainer.precision"),
+        ("trainer.jit_compile=maybe", "trainer.jit_compile"),
     ],
 )
 def test_unknown_choice_fails_validate_naming_key_and_choices(compose_train, override, key):

@@ -102,11 +102,11 @@ def test_tensorboard_text_tags_target_and_diagnosis(composed):
 
 @pytest.fixture(scope="module")
 def float32_run(tmp_path_factory, reference_cache):
-    """A plain 5-step run: the baseline the XLA and float64 runs are compared with."""
+    """A plain 5-step run without XLA: the baseline the XLA, auto and float64 runs are compared with."""
     from conftest import compose_run
 
     out = tmp_path_factory.mktemp("float32")
-    cfg = compose_run(out, reference_cache, *SMALL_RUN)
+    cfg = compose_run(out, reference_cache, *SMALL_RUN, "trainer.jit_compile=false")
     run(cfg)
     return read_metrics(out)
 
@@ -127,6 +127,19 @@ def test_jit_compile_true_runs_the_step_under_xla_with_the_same_result(composed,
     assert modes == ["xla"]
     metrics = read_metrics(out)
     # Measured: XLA's loss equal to the graph step's after 5 Adam steps, cosine 6e-8 apart.
+    assert metrics["loss"] == pytest.approx(float32_run["loss"], rel=1e-4)
+    assert metrics["cosine"] == pytest.approx(float32_run["cosine"], abs=1e-5)
+
+
+def test_jit_compile_auto_runs_the_mlp_under_xla_with_the_same_result(composed, float32_run):
+    assert float32_run["xla"] is False and float32_run["xla_why"] == "trainer.jit_compile=false"
+    cfg, out = composed(*SMALL_RUN)  # the default: auto
+    assert cfg.trainer.jit_compile == "auto"
+    run(cfg)
+    metrics = read_metrics(out)
+    assert metrics["xla"] is True
+    assert metrics["xla_why"] == "trainer.jit_compile=auto: batch 1, a chain of layers, 25 updates per call"
+    # As for jit_compile=true: the same 5 Adam steps, XLA against the graph step.
     assert metrics["loss"] == pytest.approx(float32_run["loss"], rel=1e-4)
     assert metrics["cosine"] == pytest.approx(float32_run["cosine"], abs=1e-5)
 

@@ -147,12 +147,18 @@ class Linear:
 
     @property
     def stackable(self) -> bool:
-        """Whether kernels side by side on the output axis give the outputs side by side.
+        """Whether the rules compute their several maps as one, kernels side by side.
 
-        True for Dense and for a Conv without groups; a depthwise or grouped map ties its
-        outputs to input channels, so stacking would mix them.
+        True for a Conv without groups: one convolution instead of two or three. A
+        depthwise or grouped map ties its outputs to input channels, so stacking would mix
+        them. Dense is left unstacked: a product's cost is its kernel's bytes either way,
+        and stacking adds a copy of the kernel per call; the mlp's z^B heatmap at batch 1
+        took 0.6x the time unstacked (``scripts/engine_speed_before_after.py --before HEAD
+        --models mlp --composites epsilon_gamma_box,epsilon_plus,epsilon --batches 1,64``,
+        2 CPU cores: 0.59-0.77x for epsilon_gamma_box, 0.95-1.3x, no consistent
+        direction, for the others).
         """
-        return self.map == "dense" or (self.map == "conv" and getattr(self.layer, "groups", 1) == 1)
+        return self.map == "conv" and getattr(self.layer, "groups", 1) == 1
 
     def params(self, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
         """The (kernel, bias) the step computes with: live variables, BatchNorm folded, in ``dtype``."""

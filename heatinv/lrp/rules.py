@@ -102,7 +102,7 @@ def _split_contributions(
 def affine_each(layer: LinearMap, x: tf.Tensor, kernels: list, biases: list) -> list[tf.Tensor]:
     """``[x K_j + b_j for each j]``: one map with the kernels side by side where the layer allows.
 
-    A layer with ``stackable`` set (Dense, or a Conv without groups) computes all outputs in
+    A layer with ``stackable`` set (a Conv without groups) computes all outputs in
     one matrix product or convolution over ``x``, which reads ``x`` once.
 
     Example:
