@@ -8,7 +8,9 @@ imports TensorFlow and creates its devices with file descriptor 2 pointed at a t
 file, then writes back every captured line that is not one of those known notices, so an
 unexpected message is still shown.
 
-Only the command-line entry points call it, before anything imports TensorFlow.
+Only the command-line entry points call it, before anything imports TensorFlow. Later, the
+same known notices are dropped around the one call that writes one (:func:`dropping_known_notices`
+around the reference's ``fit``).
 
 Example:
 >>> from heatinv.startup import start_tensorflow
@@ -17,10 +19,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import tempfile
+import threading
 
 KNOWN_NOTICES = re.compile(
     "|".join(
@@ -33,10 +37,13 @@ KNOWN_NOTICES = re.compile(
             r"failed call to cuInit",
             r"Unable to register cu(DNN|FFT|BLAS) factory",
             r"computation_placer\.cc.*already registered",
+            # Op determinism rewrites the parallel map of the pipeline Keras builds for fit()
+            # into a plain map that lacks this attribute; TensorFlow ignores it, as it says.
+            r"NodeDef mentions attribute use_unbounded_threadpool",
         )
     )
 )
-"""Start-up lines of a CUDA build of TensorFlow on a machine without a GPU."""
+"""Start-up lines of a CUDA build of TensorFlow on a machine without a GPU, and harmless runtime notices."""
 
 
 def start_tensorflow() -> None:
@@ -70,3 +77,44 @@ def start_tensorflow() -> None:
         kept = [line for line in captured.read().decode(errors="replace").splitlines() if line.strip() and not KNOWN_NOTICES.search(line)]
     if kept:
         print("\n".join(kept), file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def dropping_known_notices():
+    """Within the block, lines written to file descriptor 2 pass on at once unless they are :data:`KNOWN_NOTICES`.
+
+    TensorFlow's C++ runtime logs at graph-rewrite time, past Python's logging; a thread
+    forwards every other line (progress, warnings, errors) to the real stderr as it comes.
+
+    Example:
+    >>> with dropping_known_notices():  # doctest: +SKIP
+    ...     model.fit(x, y)
+    """
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable stderr: nothing to keep quiet
+        yield
+        return
+    read_end, write_end = os.pipe()
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not KNOWN_NOTICES.search(line.decode(errors="replace")):
+                    try:
+                        os.write(saved, line)
+                    except OSError:  # stderr gone: keep draining, or the writers would block on a full pipe
+                        pass
+
+    forwarder = threading.Thread(target=forward, name="heatinv-stderr", daemon=True)
+    forwarder.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the forwarder reads to its end and stops
+        forwarder.join()
+        os.close(saved)

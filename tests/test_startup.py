@@ -52,3 +52,28 @@ def test_known_notices(line):
 )
 def test_other_lines_are_kept(line):
     assert not KNOWN_NOTICES.search(line)
+
+
+def test_dropping_known_notices_forwards_every_other_line_at_once(capfd):
+    """A C++-level write of the determinism notice is dropped; other fd-2 lines pass, in order, before the block ends."""
+    from heatinv.startup import dropping_known_notices
+
+    notice = (
+        b"E0000 00:00:1796086429.934292 8924 node_def_util.cc:682] NodeDef mentions attribute "
+        b"use_unbounded_threadpool which is not in the op definition: Op<name=MapDataset>\n"
+    )
+    with dropping_known_notices():
+        os.write(2, b"first\n")
+        os.write(2, notice)
+        os.write(2, b"second\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err.splitlines() == ["first", "second", "after"]
+
+
+def test_training_the_reference_writes_no_determinism_notice(capfd):
+    """The reference trains under op determinism; TensorFlow's rewrite of Keras's pipeline logs one E0000 line."""
+    from heatinv.data import load_dataset
+    from heatinv.models import Architecture, train_reference
+
+    train_reference(Architecture("mlp", hidden=(8,)), load_dataset("digits"), 1)
+    assert "use_unbounded_threadpool" not in capfd.readouterr().err
