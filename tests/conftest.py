@@ -129,3 +129,24 @@ def composed(tmp_path_factory, reference_cache):
         return compose_run(out, reference_cache, *overrides), out
 
     return make
+
+
+@pytest.fixture
+def config(tmp_path, reference_cache):
+    """``config(*overrides)``: the smoke-sized config writing to ``tmp_path / "run"``."""
+    return lambda *overrides: compose_run(tmp_path / "run", reference_cache, *overrides)
+
+
+def expect(error_type, cfg, *fragments: str, out=None) -> str:
+    """Run ``cfg``; it must raise ``error_type`` with one paragraph holding every fragment, and leave no metrics.json in ``out``."""
+    from heatinv.train import run
+
+    with pytest.raises(error_type) as caught:
+        run(cfg)
+    message = str(caught.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert "\n" not in message.strip(), "one paragraph"
+    if out is not None:
+        assert not (out / "metrics.json").exists()
+    return message

@@ -15,28 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import compose_run, train_command
+from conftest import expect, train_command
 from heatinv.config import ConfigError
 from heatinv.lrp import UnsupportedLayerError
-from heatinv.train import run
-
-
-@pytest.fixture
-def config(tmp_path, reference_cache):
-    """``config(*overrides)``: the smoke-sized config writing to ``tmp_path / "run"``."""
-    return lambda *overrides: compose_run(tmp_path / "run", reference_cache, *overrides)
-
-
-def expect(error_type, cfg, *fragments: str, out: Path | None = None) -> str:
-    with pytest.raises(error_type) as caught:
-        run(cfg)
-    message = str(caught.value)
-    for fragment in fragments:
-        assert fragment in message, (fragment, message)
-    assert "\n" not in message.strip(), "one paragraph"
-    if out is not None:
-        assert not (out / "metrics.json").exists()
-    return message
 
 
 def test_missing_target_file(config, tmp_path):

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import compose_run, train_command
+from conftest import expect, train_command
 from drawn_shapes import CLASSES, draw_shapes, write_folder, write_npz
 from heatinv import data
 from heatinv.build import build_parts, explainer_for
@@ -178,21 +178,6 @@ def test_application_refuses_small_or_flat_inputs():
 
 
 # --- bad input ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def config(tmp_path, reference_cache):
-    return lambda *overrides: compose_run(tmp_path / "run", reference_cache, *overrides)
-
-
-def expect(error_type, cfg, *fragments: str) -> str:
-    with pytest.raises(error_type) as caught:
-        run(cfg)
-    message = str(caught.value)
-    for fragment in fragments:
-        assert fragment in message, (fragment, message)
-    assert "\n" not in message.strip(), "one paragraph"
-    return message
 
 
 def test_missing_folder(config, tmp_path):
