@@ -237,10 +237,11 @@ def swept_hparams(job_dirs_: list[str], overrides: list[list[str]]) -> dict[str,
     """``{flat key: [value per job]}`` for the keys the jobs' overrides set or that differ between jobs.
 
     Values are the ones each job logged to HParams (``heatinv.summaries.hparam_value`` of
-    ``heatinv.summaries.flat_config``); a group override (``loss=huber``) selects every key of
+    ``heatinv.config.flat_config``); a group override (``loss=huber``) selects every key of
     that group (``loss.name``, ``loss.delta``, ...).
     """
-    from heatinv.summaries import flat_config, hparam_value
+    from heatinv.config import flat_config
+    from heatinv.summaries import hparam_value
 
     flats = []
     for job_dir in job_dirs_:

@@ -27,6 +27,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.atomic import atomic_path
+from heatinv.config import flat_config
 
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
 CHECKPOINTS = "checkpoints"
@@ -240,7 +241,7 @@ def check_resumable(out: str, cfg) -> list[str]:
             f"trainer.resume=true, but {path} is missing: the run's checkpoints cannot be matched with this config. "
             "Start over with trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
-    old, new = _flat(OmegaConf.load(path)), _flat(cfg)
+    old, new = flat_config(OmegaConf.load(path)), flat_config(cfg)
     changed = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
     described = {key: f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in changed}
     refused = [described[key] for key in changed if key not in MAY_CHANGE_ON_RESUME]
@@ -251,20 +252,3 @@ def check_resumable(out: str, cfg) -> list[str]:
             "trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
     return [described[key] for key in changed]
-
-
-def _flat(cfg) -> dict:
-    """``{"model.name": "mlp", ...}``, unresolved, without ``paths`` (where a run lives is not what it is)."""
-    container = OmegaConf.to_container(cfg, resolve=False) if not isinstance(cfg, dict) else cfg
-    container = {key: value for key, value in container.items() if key not in ("paths", "hydra")}
-    flat: dict = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(f"{prefix}{key}.", value)
-        else:
-            flat[prefix[:-1]] = node
-
-    walk("", container)
-    return flat

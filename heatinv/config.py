@@ -275,6 +275,30 @@ def register() -> None:
         OmegaConf.register_new_resolver("heatinv.run_folder", run_folder_name)
 
 
+def flat_config(cfg) -> dict:
+    """The config's leaves by dotted key, unresolved, without ``paths`` and ``hydra``.
+
+    Where a run lives is not what it is: HParams, ``metrics.json`` and the resume check
+    compare these.
+
+    Example:
+    >>> flat_config(OmegaConf.create({"loss": {"name": "mse"}, "paths": {"root": "."}}))
+    {'loss.name': 'mse'}
+    """
+    container = OmegaConf.to_container(cfg, resolve=False)
+    flat: dict = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        else:
+            flat[prefix[:-1]] = node
+
+    walk("", {key: value for key, value in container.items() if key not in ("paths", "hydra")})
+    return flat
+
+
 def run_folder_name(time: str, overrides: str) -> str:
     """A single run's folder: its start time, then what its command line changes (as a sweep's job folders).
 

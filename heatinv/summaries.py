@@ -25,7 +25,6 @@ import time
 
 import numpy as np
 import PIL.Image
-from omegaconf import OmegaConf
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.histogram import metadata as histogram_plugin
@@ -77,23 +76,6 @@ def hparam_value(value):
     if isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def flat_config(cfg) -> dict:
-    """``{"loss.name": "mse", ...}`` without paths, for HParams and metrics.json."""
-    container = OmegaConf.to_container(cfg, resolve=False)
-    container.pop("paths", None)
-    flat: dict = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(f"{prefix}{key}.", value)
-        else:
-            flat[prefix[:-1]] = node
-
-    walk("", container)
-    return flat
 
 
 def compared_hparams(flat: dict, overrides: list[str] = ()) -> dict:

@@ -33,12 +33,12 @@ from heatinv.checkpoints import (  # noqa: E402
     guard_run_directory,
     save_run_config,
 )
-from heatinv.config import ConfigError, register, validate  # noqa: E402
+from heatinv.config import ConfigError, flat_config, register, validate  # noqa: E402
 from heatinv.loop import GradientsVanished, train  # noqa: E402
 from heatinv.lrp import UnsupportedLayerError  # noqa: E402
 from heatinv.manipulate import DatasetTask  # noqa: E402
 from heatinv.single import SingleTask  # noqa: E402
-from heatinv.summaries import Summaries, compared_hparams, flat_config, trial_name  # noqa: E402
+from heatinv.summaries import Summaries, compared_hparams, trial_name  # noqa: E402
 
 log = logging.getLogger(__name__)
 
