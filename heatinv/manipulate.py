@@ -16,6 +16,15 @@ Batches: epoch ``e`` visits the training images in the order of a permutation dr
 ``(trainer.seed, e)``, so the batches of any step are known without replaying the run: a
 run resumed in the middle of an epoch continues with exactly the batches it would have seen.
 
+``task.early_stopping=true`` trains on the reference's fit images only and, after every
+epoch, measures the student on the reference's validation split (training images neither
+model was fitted to; :func:`heatinv.models.validation_split`). At the end the weights of the
+best epoch are restored: the highest validation cosine to the targets among the epochs whose
+validation agreement with the reference is at least ``task.min_agreement`` and whose
+validation accuracy is at most ``task.max_accuracy_drop`` below the reference's (the
+reference itself, epoch 0, always qualifies). The held-out test images are never looked at
+before the final metrics.
+
 ``trainer.strategy=mirrored`` runs the same objective data-parallel with
 ``tf.distribute.MirroredStrategy`` over every GPU (or every logical CPU where there is no
 GPU): each global batch of ``task.batch_size`` images is split across the replicas, each
@@ -43,6 +52,7 @@ from omegaconf import OmegaConf
 
 from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_report
 from heatinv.loop import Call, LoopResult
+from heatinv.models import validation_split
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.outputs import write_run_files
@@ -75,7 +85,32 @@ class Manipulation:
     heatmap_weight: float
     ce_weight: float
     logit_weight: float
+    gradient_combine: str = "sum"
     terms = TERMS
+
+    @property
+    def term_gradients(self):
+        """None for ``combine=sum`` (the gradient of the weighted sum); else ``fn(tape, terms, variables)``.
+
+        The function takes the heatmap term's gradient and the function-keeping terms'
+        (cross-entropy and logit match) separately off a persistent tape and joins them with
+        :func:`combine_gradients`.
+        """
+        if self.gradient_combine == "sum":
+            return None
+
+        def gradients(tape, terms, variables):
+            # The weights enter as output gradients: a product taken here, after the tape closed, is not on it.
+            heatmap = tape.gradient(terms["heatmap"], variables, output_gradients=tf.constant(self.heatmap_weight, terms["heatmap"].dtype))
+            keep_terms = [terms["cross_entropy"], terms["logit_match"]]
+            keep_weights = [tf.constant(w, t.dtype) for w, t in zip((self.ce_weight, self.logit_weight), keep_terms)]
+            keep = tape.gradient(keep_terms, variables, output_gradients=keep_weights)
+            zeros = [tf.zeros_like(v) for v in variables]
+            heatmap = [z if g is None else g for g, z in zip(heatmap, zeros)]
+            keep = [z if g is None else g for g, z in zip(keep, zeros)]
+            return combine_gradients(self.gradient_combine, heatmap, keep)
+
+        return gradients
 
     def per_example(self, explanation, labels, targets, reference_logits, unit) -> dict[str, tf.Tensor]:
         """Each term for each image, ``[batch]``; the heatmap loss in units of ``unit`` (the batch's)."""
@@ -97,6 +132,36 @@ class Manipulation:
         unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
         terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
         return {"loss": self.combine(terms), **terms}
+
+
+def _dot(a: list[tf.Tensor], b: list[tf.Tensor]) -> tf.Tensor:
+    return tf.add_n([tf.reduce_sum(x * y) for x, y in zip(a, b)])
+
+
+def combine_gradients(mode: str, heatmap: list[tf.Tensor], keep: list[tf.Tensor]) -> list[tf.Tensor]:
+    """One update direction from the heatmap term's gradient and the function-keeping terms'.
+
+    Each argument is a list of per-variable gradients, read as one long vector ``h`` and ``k``.
+
+    - ``pcgrad`` (Yu et al. 2020, one-sided): where ``h . k < 0`` the heatmap gradient loses
+      its component along ``k``, ``h - (h . k / |k|^2) k``, so a step never works against the
+      accuracy to first order; ``k`` is kept whole. Returns ``h' + k``.
+    - ``normalized``: ``h / |h| + k / |k|`` scaled by the weights folded in before (the weight
+      of ``h`` becomes its share relative to ``k``, whatever the raw gradient scales).
+
+    Example:
+    >>> [g.numpy().tolist() for g in combine_gradients("pcgrad", [tf.constant([1.0, -1.0])], [tf.constant([0.0, 1.0])])]
+    [[1.0, 1.0]]
+    """
+    if mode == "pcgrad":
+        conflict = _dot(heatmap, keep)
+        scale = tf.where(conflict < 0, conflict / tf.maximum(_dot(keep, keep), 1e-30), tf.zeros_like(conflict))
+        return [h - scale * k + k for h, k in zip(heatmap, keep)]
+    if mode == "normalized":
+        h_norm = tf.sqrt(tf.maximum(_dot(heatmap, heatmap), 1e-30))
+        k_norm = tf.sqrt(tf.maximum(_dot(keep, keep), 1e-30))
+        return [h / h_norm + k / k_norm for h, k in zip(heatmap, keep)]
+    raise ValueError(f"Unknown task.combine {mode!r}; expected 'sum', 'pcgrad' or 'normalized'.")
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
@@ -279,16 +344,36 @@ class DatasetTask:
                 "batch by batch); use trainer.strategy=none, or save the images as an .npz (data=npz)."
             )
         self.reference_classes = predicted_classes(parts.reference, data.x_test)
+        self.fit, self.validation = np.arange(len(data.y_train)), None
+        if task.early_stopping:
+            if self.streamed:
+                raise ValueError(
+                    "task.early_stopping=true needs the training images in memory, but an image folder (data=folder) is "
+                    "streamed batch by batch; use task.early_stopping=false, or save the images as an .npz (data=npz)."
+                )
+            # The reference's own split: the validation images are new to both models.
+            self.fit, held = validation_split(len(data.y_train), seed=0)
+            problem = self.problem
+            self.validation = (
+                data.x_train[held], data.y_train[held], problem.train_targets[held], problem.train_chosen[held],
+                np.argmax(problem.train_logits[held], -1),
+            )
         if not self.streamed:  # held in memory: each step's batch is gathered from these columns
             self.columns = tuple(
-                tf.constant(c) for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
+                tf.constant(c[self.fit])
+                for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
             )
-        self.steps_per_epoch = math.ceil(len(data.y_train) / task.batch_size)
+        self.steps_per_epoch = math.ceil(len(self.fit) / task.batch_size)
         self.total = task.epochs * self.steps_per_epoch
         self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-        objective = Manipulation(per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight)
+        objective = Manipulation(per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.combine)
         self.strategy = make_strategy(cfg.trainer.strategy)
+        if self.strategy is not None and task.combine != "sum":
+            raise ValueError(
+                f"task.combine={task.combine} is not available with trainer.strategy={cfg.trainer.strategy}: the replicas "
+                "would project their own shares of the gradients; use task.combine=sum, or trainer.strategy=none."
+            )
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
             self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
@@ -327,6 +412,14 @@ class DatasetTask:
         self.sums = tf.Variable(tf.zeros(1 + len(TERMS), tf.float64), trainable=False, name="epoch_term_sums")
         self.state = {"epoch_term_sums": self.sums}
         self.initial = self.evaluate()  # before any resume: the run's own start
+        if self.validation is not None:
+            # The best epoch so far and its weights live in the checkpoint: a resumed run picks the same epoch.
+            start = self.initial_validation = self.evaluate_validation()
+            self.reference_validation_accuracy = start["student_accuracy"]
+            self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="best_epoch")
+            self.best_cosine = tf.Variable(start["cosine"], dtype=tf.float64, trainable=False, name="best_validation_cosine")
+            self.best_weights = [tf.Variable(w, trainable=False, name=f"best_weight_{i}") for i, w in enumerate(self.student.weights)]
+            self.state.update(best_epoch=self.best_epoch, best_validation_cosine=self.best_cosine, best_weights=self.best_weights)
 
     def _learning_rate(self):
         """``optimizer.lr``, or with ``task.lr_schedule=cosine`` a cosine decay from it to 0 over the run's steps.
@@ -342,7 +435,7 @@ class DatasetTask:
     def _epoch_order(self, epoch: int, first_batch: int) -> np.ndarray:
         """The training images epoch ``epoch`` visits from its batch ``first_batch`` on."""
         size = self.cfg.task.batch_size
-        return epoch_order(len(self.parts.dataset.y_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
+        return epoch_order(len(self.fit), self.cfg.trainer.seed, epoch)[first_batch * size :]
 
     def _epoch_batches(self, epoch: int, first_batch: int):
         """The batches ``(x, labels, targets, reference logits)`` of epoch ``epoch`` from its batch ``first_batch`` on."""
@@ -374,6 +467,29 @@ class DatasetTask:
 
         return evaluate_batches(self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes)
 
+    def evaluate_validation(self) -> dict[str, float]:
+        """The metrics of :func:`evaluate` on the validation split, agreement with the reference's classes there."""
+        x, labels, targets, chosen, reference_classes = self.validation
+        return evaluate(self.explainer, x, labels, targets, chosen, self.cfg.task.success_threshold, reference_classes)
+
+    def admissible(self, validation: dict[str, float]) -> bool:
+        """Whether an epoch's validation metrics keep the reference's function closely enough to be chosen."""
+        task = self.cfg.task
+        return (
+            validation["agreement"] >= task.min_agreement
+            and validation["student_accuracy"] >= self.reference_validation_accuracy - task.max_accuracy_drop
+        )
+
+    def _keep_if_best(self, epoch: int) -> dict[str, float]:
+        """Validation metrics of the current weights; kept as the best when admissible with a higher cosine."""
+        validation = self.evaluate_validation()
+        if self.admissible(validation) and validation["cosine"] > float(self.best_cosine):
+            self.best_epoch.assign(epoch)
+            self.best_cosine.assign(validation["cosine"])
+            for best, weight in zip(self.best_weights, self.student.weights):
+                best.assign(weight)
+        return validation
+
     def diagnose(self) -> list:
         return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
 
@@ -381,6 +497,8 @@ class DatasetTask:
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.problem.description)
         summaries.match(0, self.initial)
+        if self.validation is not None:
+            summaries.scalars(0, "validation", self.initial_validation)
         summaries.histograms(0, self.variables)
         if self.parts.dataset.is_image:
             summaries.figure(0, self.figure(), "heatmap/figure_initial")
@@ -418,16 +536,29 @@ class DatasetTask:
         self.test = self.evaluate()
         summaries.scalars(epoch, TRAIN, train_terms)
         summaries.match(epoch, self.test)
+        validation_note = ""
+        if self.validation is not None:
+            validation = self._keep_if_best(epoch)
+            summaries.scalars(epoch, "validation", validation)
+            validation_note = (
+                f"  validation cosine {validation['cosine']:.3f} agreement {validation['agreement']:.3f} "
+                f"(best epoch {int(self.best_epoch)})"
+            )
         if call.rare and "gradients" not in result:  # the loop logs weights with gradients where the step returns them
             summaries.histograms(epoch, self.variables)
         log.info(
             f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
             f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}  "
-            f"agreement {self.test['agreement']:.3f}"
+            f"agreement {self.test['agreement']:.3f}{validation_note}"
         )
         return {"test_cosine": self.test["cosine"]}
 
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
+        early = {}
+        if self.validation is not None:
+            for weight, best in zip(self.student.weights, self.best_weights):
+                weight.assign(best)
+            early = {"best_epoch": int(self.best_epoch), "best_validation_cosine": float(self.best_cosine)}
         if self.student is not self.parts.student:
             self.parts.student.set_weights(self.student.get_weights())
         test = self.evaluate()
@@ -449,6 +580,7 @@ class DatasetTask:
             "stopped_at_step": loop.stopped,
             "manipulated_test_images": self.manipulated,
             "target": self.problem.description,
+            **early,
             **table_metrics,
         }
 
