@@ -67,6 +67,8 @@ class TaskConfig:
     logit_weight: float = 0.0
     lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
     combine: str = "sum"  # dataset: sum | pcgrad | normalized: how the heatmap and accuracy gradients join
+    teacher: str = "mse"  # dataset: the logit_weight term: mse of the logits | kl of the softmax at temperature
+    temperature: float = 1.0  # teacher=kl: softmax temperature T
     early_stopping: bool = False  # dataset: train on the reference's fit split, restore the best validation epoch
     min_agreement: float = 0.97  # early_stopping: an epoch qualifies at this validation agreement with the reference...
     max_accuracy_drop: float = 0.01  # ...and at most this validation accuracy below the reference's
@@ -151,6 +153,7 @@ CHOICES = {
     "task.kind": ("single", "dataset"),
     "task.lr_schedule": ("constant", "cosine"),
     "task.combine": ("sum", "pcgrad", "normalized"),
+    "task.teacher": ("mse", "kl"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
     "loss.normalize": ("none", "sum", "max"),
@@ -172,6 +175,7 @@ POSITIVE = (
     "model.beta",
     "task.epochs",
     "task.batch_size",
+    "task.temperature",
     "target.top_k",
 )
 

@@ -86,6 +86,8 @@ class Manipulation:
     ce_weight: float
     logit_weight: float
     gradient_combine: str = "sum"
+    teacher: str = "mse"
+    temperature: float = 1.0
     terms = TERMS
 
     @property
@@ -118,8 +120,16 @@ class Manipulation:
         return {
             "heatmap": self.per_example_loss(explanation.relevance, targets, unit),
             "cross_entropy": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
-            "logit_match": tf.reduce_mean(tf.square(logits - reference_logits), axis=-1),
+            "logit_match": self.teacher_loss(logits, reference_logits),
         }
+
+    def teacher_loss(self, logits, reference_logits) -> tf.Tensor:
+        """``[batch]``: ``mse`` of the logits, or ``kl``: T^2 KL(softmax(reference / T) || softmax(student / T)) (Hinton et al. 2015)."""
+        if self.teacher == "mse":
+            return tf.reduce_mean(tf.square(logits - reference_logits), axis=-1)
+        t = self.temperature
+        teacher = tf.nn.softmax(reference_logits / t)
+        return t * t * tf.reduce_sum(teacher * (tf.nn.log_softmax(reference_logits / t) - tf.nn.log_softmax(logits / t)), axis=-1)
 
     def combine(self, terms: dict[str, tf.Tensor]) -> tf.Tensor:
         return (
@@ -367,7 +377,10 @@ class DatasetTask:
         self.total = task.epochs * self.steps_per_epoch
         self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-        objective = Manipulation(per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.combine)
+        objective = Manipulation(
+            per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.combine,
+            task.teacher, task.temperature,
+        )
         self.strategy = make_strategy(cfg.trainer.strategy)
         if self.strategy is not None and task.combine != "sum":
             raise ValueError(

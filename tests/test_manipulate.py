@@ -351,3 +351,20 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
     for final, kept in zip(student.get_weights(), snapshots[best]):
         np.testing.assert_array_equal(final, kept)
     assert any(not np.array_equal(a, b) for a, b in zip(snapshots[4], snapshots[best])) or best == 4
+
+
+def test_kl_teacher_term_is_the_tempered_distillation_loss():
+    from heatinv.manipulate import Manipulation
+
+    student = np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]], "float32")
+    reference = np.array([[0.0, 1.0, 3.0], [0.0, 0.0, 0.0]], "float32")
+    t = 2.0
+    # NumPy: p = softmax(reference / T), q = softmax(student / T), T^2 sum p log(p / q) per image.
+    p = np.exp(reference / t) / np.exp(reference / t).sum(-1, keepdims=True)
+    q = np.exp(student / t) / np.exp(student / t).sum(-1, keepdims=True)
+    expected = t * t * (p * np.log(p / q)).sum(-1)
+    kl = Manipulation(None, "none", 1.0, 1.0, 1.0, "sum", "kl", t)
+    np.testing.assert_allclose(kl.teacher_loss(tf.constant(student), tf.constant(reference)).numpy(), expected, rtol=1e-5, atol=1e-7)
+    assert expected[1] == 0.0  # equal logits: nothing to distil
+    mse = Manipulation(None, "none", 1.0, 1.0, 1.0)
+    np.testing.assert_allclose(mse.teacher_loss(tf.constant(student), tf.constant(reference)).numpy(), ((student - reference) ** 2).mean(-1), rtol=1e-6)
