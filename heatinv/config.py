@@ -66,7 +66,6 @@ class TaskConfig:
     ce_weight: float = 1.0
     logit_weight: float = 0.0
     lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
-    combine: str = "sum"  # dataset: sum | pcgrad | normalized: how the heatmap and accuracy gradients join
     teacher: str = "mse"  # dataset: the logit_weight term: mse of the logits | kl of the softmax at temperature
     temperature: float = 1.0  # teacher=kl: softmax temperature T
     early_stopping: bool = False  # dataset: train on the reference's fit split, restore the best validation epoch
@@ -152,7 +151,6 @@ CHOICES = {
     "target.channels": ("sum", "keep"),
     "task.kind": ("single", "dataset"),
     "task.lr_schedule": ("constant", "cosine"),
-    "task.combine": ("sum", "pcgrad", "normalized"),
     "task.teacher": ("mse", "kl"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),

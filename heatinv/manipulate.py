@@ -4,7 +4,9 @@ The objective is a weighted sum, each weight a config value (``task.*_weight``):
 
     heatmap_weight * heatmap_loss(student heatmaps, targets)
   + ce_weight      * cross-entropy(student logits, true labels)          (keeps accuracy)
-  + logit_weight   * mean squared (student logits - reference logits)   (keeps the function)
+  + logit_weight   * teacher term: mean squared (student - reference logits), or with
+                   ``task.teacher=kl`` T^2 KL(reference softmax || student softmax) at
+                   temperature T = ``task.temperature``                 (keeps the function)
 
 trained over epochs of mini-batches by the loop both tasks share (:mod:`heatinv.loop`:
 resume, NaN/Inf guard, checkpoints, gradient statistics), and evaluated on **held-out test
@@ -85,34 +87,9 @@ class Manipulation:
     heatmap_weight: float
     ce_weight: float
     logit_weight: float
-    gradient_combine: str = "sum"
     teacher: str = "mse"
     temperature: float = 1.0
     terms = TERMS
-
-    @property
-    def term_gradients(self):
-        """None for ``combine=sum`` (the gradient of the weighted sum); else ``fn(tape, terms, variables)``.
-
-        The function takes the heatmap term's gradient and the function-keeping terms'
-        (cross-entropy and logit match) separately off a persistent tape and joins them with
-        :func:`combine_gradients`.
-        """
-        if self.gradient_combine == "sum":
-            return None
-
-        def gradients(tape, terms, variables):
-            # The weights enter as output gradients: a product taken here, after the tape closed, is not on it.
-            heatmap = tape.gradient(terms["heatmap"], variables, output_gradients=tf.constant(self.heatmap_weight, terms["heatmap"].dtype))
-            keep_terms = [terms["cross_entropy"], terms["logit_match"]]
-            keep_weights = [tf.constant(w, t.dtype) for w, t in zip((self.ce_weight, self.logit_weight), keep_terms)]
-            keep = tape.gradient(keep_terms, variables, output_gradients=keep_weights)
-            zeros = [tf.zeros_like(v) for v in variables]
-            heatmap = [z if g is None else g for g, z in zip(heatmap, zeros)]
-            keep = [z if g is None else g for g, z in zip(keep, zeros)]
-            return combine_gradients(self.gradient_combine, heatmap, keep)
-
-        return gradients
 
     def per_example(self, explanation, labels, targets, reference_logits, unit) -> dict[str, tf.Tensor]:
         """Each term for each image, ``[batch]``; the heatmap loss in units of ``unit`` (the batch's)."""
@@ -142,36 +119,6 @@ class Manipulation:
         unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
         terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
         return {"loss": self.combine(terms), **terms}
-
-
-def _dot(a: list[tf.Tensor], b: list[tf.Tensor]) -> tf.Tensor:
-    return tf.add_n([tf.reduce_sum(x * y) for x, y in zip(a, b)])
-
-
-def combine_gradients(mode: str, heatmap: list[tf.Tensor], keep: list[tf.Tensor]) -> list[tf.Tensor]:
-    """One update direction from the heatmap term's gradient and the function-keeping terms'.
-
-    Each argument is a list of per-variable gradients, read as one long vector ``h`` and ``k``.
-
-    - ``pcgrad`` (Yu et al. 2020, one-sided): where ``h . k < 0`` the heatmap gradient loses
-      its component along ``k``, ``h - (h . k / |k|^2) k``, so a step never works against the
-      accuracy to first order; ``k`` is kept whole. Returns ``h' + k``.
-    - ``normalized``: ``h / |h| + k / |k|`` scaled by the weights folded in before (the weight
-      of ``h`` becomes its share relative to ``k``, whatever the raw gradient scales).
-
-    Example:
-    >>> [g.numpy().tolist() for g in combine_gradients("pcgrad", [tf.constant([1.0, -1.0])], [tf.constant([0.0, 1.0])])]
-    [[1.0, 1.0]]
-    """
-    if mode == "pcgrad":
-        conflict = _dot(heatmap, keep)
-        scale = tf.where(conflict < 0, conflict / tf.maximum(_dot(keep, keep), 1e-30), tf.zeros_like(conflict))
-        return [h - scale * k + k for h, k in zip(heatmap, keep)]
-    if mode == "normalized":
-        h_norm = tf.sqrt(tf.maximum(_dot(heatmap, heatmap), 1e-30))
-        k_norm = tf.sqrt(tf.maximum(_dot(keep, keep), 1e-30))
-        return [h / h_norm + k / k_norm for h, k in zip(heatmap, keep)]
-    raise ValueError(f"Unknown task.combine {mode!r}; expected 'sum', 'pcgrad' or 'normalized'.")
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
@@ -378,15 +325,9 @@ class DatasetTask:
         self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
         objective = Manipulation(
-            per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.combine,
-            task.teacher, task.temperature,
+            per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.teacher, task.temperature
         )
         self.strategy = make_strategy(cfg.trainer.strategy)
-        if self.strategy is not None and task.combine != "sum":
-            raise ValueError(
-                f"task.combine={task.combine} is not available with trainer.strategy={cfg.trainer.strategy}: the replicas "
-                "would project their own shares of the gradients; use task.combine=sum, or trainer.strategy=none."
-            )
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
             self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)

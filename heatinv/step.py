@@ -76,13 +76,11 @@ def update(
         was NaN/Inf and the update was skipped, else 0).
     """
     variables = student.trainable_variables
-    # An objective may combine its terms' gradients itself (gradient surgery): it reads them off the tape.
-    own_gradients = getattr(objective, "term_gradients", None)
-    with tf.GradientTape(persistent=own_gradients is not None) as tape:
+    with tf.GradientTape() as tape:
         explanation = explainer.explain(x, label)
         terms = dict(objective(explanation, label, target, *extra))
         loss = terms.pop("loss")
-    gradients = tape.gradient(loss, variables) if own_gradients is None else own_gradients(tape, terms, variables)
+    gradients = tape.gradient(loss, variables)
     # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
     gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
     finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
