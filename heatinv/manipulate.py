@@ -368,10 +368,13 @@ class DatasetTask:
         self.initial = self.evaluate()  # before any resume: the run's own start
         if self.validation is not None:
             # The best epoch so far and its weights live in the checkpoint: a resumed run picks the same epoch.
+            _, labels, _, _, reference_classes = self.validation
+            self.reference_validation_accuracy = float(np.mean(reference_classes == labels))
             start = self.initial_validation = self.evaluate_validation()
-            self.reference_validation_accuracy = start["student_accuracy"]
+            # The start competes like an epoch: with init=reference it always qualifies.
+            start_cosine = start["cosine"] if self.admissible(start) else -np.inf
             self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="best_epoch")
-            self.best_cosine = tf.Variable(start["cosine"], dtype=tf.float64, trainable=False, name="best_validation_cosine")
+            self.best_cosine = tf.Variable(start_cosine, dtype=tf.float64, trainable=False, name="best_validation_cosine")
             self.best_weights = [tf.Variable(w, trainable=False, name=f"best_weight_{i}") for i, w in enumerate(self.student.weights)]
             self.state.update(best_epoch=self.best_epoch, best_validation_cosine=self.best_cosine, best_weights=self.best_weights)
 
@@ -512,7 +515,15 @@ class DatasetTask:
         if self.validation is not None:
             for weight, best in zip(self.student.weights, self.best_weights):
                 weight.assign(best)
-            early = {"best_epoch": int(self.best_epoch), "best_validation_cosine": float(self.best_cosine)}
+            best_cosine = float(self.best_cosine)  # -inf: nothing qualified, not even the start
+            early = {"best_epoch": int(self.best_epoch), "best_validation_cosine": best_cosine if np.isfinite(best_cosine) else None}
+            if int(self.best_epoch) == 0:
+                log.warning(
+                    f"heatinv: task.early_stopping: no epoch reached validation agreement {self.cfg.task.min_agreement} "
+                    f"within {self.cfg.task.max_accuracy_drop} of the reference's validation accuracy with a better "
+                    "cosine than the start; the start's weights are kept (loosen task.min_agreement / "
+                    "task.max_accuracy_drop, or lower task.heatmap_weight)"
+                )
         if self.student is not self.parts.student:
             self.parts.student.set_weights(self.student.get_weights())
         test = self.evaluate()
