@@ -196,9 +196,9 @@ def validate(cfg) -> None:
         value = _get(cfg, key)
         if not value > 0:
             raise ConfigError(f"Config value {key}={value!r} must be > 0.")
-    for key in ("task.min_agreement", "task.max_accuracy_drop"):
+    for key, example in (("task.min_agreement", 0.97), ("task.max_accuracy_drop", 0.01)):
         if not 0 <= _get(cfg, key) <= 1:
-            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be a share between 0 and 1, e.g. `{key}=0.01`.")
+            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be a share between 0 and 1, e.g. `{key}={example}`.")
     for key in ("trainer.checkpoint_every", "trainer.checkpoint_seconds", "trainer.max_nonfinite"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
