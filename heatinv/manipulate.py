@@ -54,9 +54,9 @@ from omegaconf import OmegaConf
 
 from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_report
 from heatinv.loop import Call, LoopResult
-from heatinv.models import validation_split
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
+from heatinv.models import validation_split
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
