@@ -314,3 +314,22 @@ def test_kl_teacher_term_is_the_tempered_distillation_loss():
     assert expected[1] == 0.0  # equal logits: nothing to distil
     mse = Manipulation(None, "none", 1.0, 1.0, 1.0)
     np.testing.assert_allclose(mse.teacher_loss(tf.constant(student), tf.constant(reference)).numpy(), ((student - reference) ** 2).mean(-1), rtol=1e-6)
+
+
+def test_early_stopping_keeps_the_start_when_no_epoch_qualifies(composed, caplog):
+    """A random start never agrees with the reference: with min_agreement 1 nothing qualifies, the start is kept and said."""
+    from heatinv.build import build_parts
+    from heatinv.train import run
+
+    cfg, out = composed(
+        "experiment=pattern_frame_mlp", "init=random", "task.early_stopping=true", "task.min_agreement=1.0", "task.epochs=2"
+    )
+    start = build_parts(cfg).student.get_weights()  # seeded by trainer.seed: the run's own start
+    with caplog.at_level("WARNING"):
+        metrics = run(cfg)
+    assert metrics["best_epoch"] == 0 and metrics["best_validation_cosine"] is None
+    assert json.loads((out / "metrics.json").read_text())["best_validation_cosine"] is None  # valid JSON, no -Infinity
+    assert "no epoch reached validation agreement 1.0" in caplog.text
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    for final, first in zip(student.get_weights(), start):
+        np.testing.assert_array_equal(final, first)
