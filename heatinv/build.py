@@ -221,6 +221,7 @@ class DatasetProblem:
     Attributes:
         train_targets: ``[N, H, W, 1]`` the heatmap each training image should get.
         train_logits: ``[N, classes]`` the reference's logits (the logit-match term).
+        train_chosen: ``[N]`` bool, the training images whose heatmaps should move.
         test_maps: ``[M, H, W, 1]`` the reference's held-out heatmaps (for the figure).
         test_logits: ``[M, classes]`` the reference's held-out logits.
         test_targets: ``[M, H, W, 1]`` held-out targets.
@@ -230,6 +231,7 @@ class DatasetProblem:
 
     train_targets: np.ndarray
     train_logits: np.ndarray
+    train_chosen: np.ndarray
     test_maps: np.ndarray
     test_logits: np.ndarray
     test_targets: np.ndarray
@@ -297,12 +299,12 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
         return StreamedProblem(explainer, target.kind, classes, options, description)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, test_logits = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
-    train_targets, _ = dataset_targets(target.kind, dataset.y_train, train_maps, classes, **options)
+    train_targets, train_chosen = dataset_targets(target.kind, dataset.y_train, train_maps, classes, **options)
     test_targets, test_chosen = dataset_targets(
         target.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
     )
     return DatasetProblem(
-        train_targets, train_logits.astype(np.float32), test_maps, test_logits, test_targets, test_chosen, description
+        train_targets, train_logits.astype(np.float32), train_chosen, test_maps, test_logits, test_targets, test_chosen, description
     )
 
 

@@ -66,6 +66,11 @@ class TaskConfig:
     ce_weight: float = 1.0
     logit_weight: float = 0.0
     lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
+    teacher: str = "mse"  # dataset: the logit_weight term: mse of the logits | kl of the softmax at temperature
+    temperature: float = 1.0  # teacher=kl: softmax temperature T
+    early_stopping: bool = False  # dataset: train on the reference's fit split, restore the best validation epoch
+    min_agreement: float = 0.97  # early_stopping: an epoch qualifies at this validation agreement with the reference...
+    max_accuracy_drop: float = 0.01  # ...and at most this validation accuracy below the reference's
     success_threshold: float = 0.8  # a held-out image counts as manipulated at this cosine to its target
 
 
@@ -146,6 +151,7 @@ CHOICES = {
     "target.channels": ("sum", "keep"),
     "task.kind": ("single", "dataset"),
     "task.lr_schedule": ("constant", "cosine"),
+    "task.teacher": ("mse", "kl"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
     "loss.normalize": ("none", "sum", "max"),
@@ -167,6 +173,7 @@ POSITIVE = (
     "model.beta",
     "task.epochs",
     "task.batch_size",
+    "task.temperature",
     "target.top_k",
 )
 
@@ -189,6 +196,9 @@ def validate(cfg) -> None:
         value = _get(cfg, key)
         if not value > 0:
             raise ConfigError(f"Config value {key}={value!r} must be > 0.")
+    for key, example in (("task.min_agreement", 0.97), ("task.max_accuracy_drop", 0.01)):
+        if not 0 <= _get(cfg, key) <= 1:
+            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be a share between 0 and 1, e.g. `{key}={example}`.")
     for key in ("trainer.checkpoint_every", "trainer.checkpoint_seconds", "trainer.max_nonfinite"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")

@@ -4,7 +4,9 @@ The objective is a weighted sum, each weight a config value (``task.*_weight``):
 
     heatmap_weight * heatmap_loss(student heatmaps, targets)
   + ce_weight      * cross-entropy(student logits, true labels)          (keeps accuracy)
-  + logit_weight   * mean squared (student logits - reference logits)   (keeps the function)
+  + logit_weight   * teacher term: mean squared (student - reference logits), or with
+                   ``task.teacher=kl`` T^2 KL(reference softmax || student softmax) at
+                   temperature T = ``task.temperature``                 (keeps the function)
 
 trained over epochs of mini-batches by the loop both tasks share (:mod:`heatinv.loop`:
 resume, NaN/Inf guard, checkpoints, gradient statistics), and evaluated on **held-out test
@@ -15,6 +17,15 @@ of images whose cosine to the target passes ``task.success_threshold``.
 Batches: epoch ``e`` visits the training images in the order of a permutation drawn from
 ``(trainer.seed, e)``, so the batches of any step are known without replaying the run: a
 run resumed in the middle of an epoch continues with exactly the batches it would have seen.
+
+``task.early_stopping=true`` trains on the reference's fit images only and, after every
+epoch, measures the student on the reference's validation split (training images neither
+model was fitted to; :func:`heatinv.models.validation_split`). At the end the weights of the
+best epoch are restored: the highest validation cosine to the targets among the epochs whose
+validation agreement with the reference is at least ``task.min_agreement`` and whose
+validation accuracy is at most ``task.max_accuracy_drop`` below the reference's (the
+reference itself, epoch 0, always qualifies). The held-out test images are never looked at
+before the final metrics.
 
 ``trainer.strategy=mirrored`` runs the same objective data-parallel with
 ``tf.distribute.MirroredStrategy`` over every GPU (or every logical CPU where there is no
@@ -45,6 +56,7 @@ from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, 
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
+from heatinv.models import validation_split
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
@@ -75,6 +87,8 @@ class Manipulation:
     heatmap_weight: float
     ce_weight: float
     logit_weight: float
+    teacher: str = "mse"
+    temperature: float = 1.0
     terms = TERMS
 
     def per_example(self, explanation, labels, targets, reference_logits, unit) -> dict[str, tf.Tensor]:
@@ -83,8 +97,16 @@ class Manipulation:
         return {
             "heatmap": self.per_example_loss(explanation.relevance, targets, unit),
             "cross_entropy": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
-            "logit_match": tf.reduce_mean(tf.square(logits - reference_logits), axis=-1),
+            "logit_match": self.teacher_loss(logits, reference_logits),
         }
+
+    def teacher_loss(self, logits, reference_logits) -> tf.Tensor:
+        """``[batch]``: ``mse`` of the logits, or ``kl``: T^2 KL(softmax(reference / T) || softmax(student / T)) (Hinton et al. 2015)."""
+        if self.teacher == "mse":
+            return tf.reduce_mean(tf.square(logits - reference_logits), axis=-1)
+        t = self.temperature
+        teacher = tf.nn.softmax(reference_logits / t)
+        return t * t * tf.reduce_sum(teacher * (tf.nn.log_softmax(reference_logits / t) - tf.nn.log_softmax(logits / t)), axis=-1)
 
     def combine(self, terms: dict[str, tf.Tensor]) -> tf.Tensor:
         return (
@@ -279,15 +301,32 @@ class DatasetTask:
                 "batch by batch); use trainer.strategy=none, or save the images as an .npz (data=npz)."
             )
         self.reference_classes = predicted_classes(parts.reference, data.x_test)
+        self.fit, self.validation = np.arange(len(data.y_train)), None
+        if task.early_stopping:
+            if self.streamed:
+                raise ValueError(
+                    "task.early_stopping=true needs the training images in memory, but an image folder (data=folder) is "
+                    "streamed batch by batch; use task.early_stopping=false, or save the images as an .npz (data=npz)."
+                )
+            # The reference's own split: the validation images are new to both models.
+            self.fit, held = validation_split(len(data.y_train), seed=0)
+            problem = self.problem
+            self.validation = (
+                data.x_train[held], data.y_train[held], problem.train_targets[held], problem.train_chosen[held],
+                np.argmax(problem.train_logits[held], -1),
+            )
         if not self.streamed:  # held in memory: each step's batch is gathered from these columns
             self.columns = tuple(
-                tf.constant(c) for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
+                tf.constant(c[self.fit])
+                for c in (data.x_train, data.y_train.astype(np.int32), self.problem.train_targets, self.problem.train_logits)
             )
-        self.steps_per_epoch = math.ceil(len(data.y_train) / task.batch_size)
+        self.steps_per_epoch = math.ceil(len(self.fit) / task.batch_size)
         self.total = task.epochs * self.steps_per_epoch
         self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-        objective = Manipulation(per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight)
+        objective = Manipulation(
+            per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.teacher, task.temperature
+        )
         self.strategy = make_strategy(cfg.trainer.strategy)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
@@ -327,6 +366,17 @@ class DatasetTask:
         self.sums = tf.Variable(tf.zeros(1 + len(TERMS), tf.float64), trainable=False, name="epoch_term_sums")
         self.state = {"epoch_term_sums": self.sums}
         self.initial = self.evaluate()  # before any resume: the run's own start
+        if self.validation is not None:
+            # The best epoch so far and its weights live in the checkpoint: a resumed run picks the same epoch.
+            _, labels, _, _, reference_classes = self.validation
+            self.reference_validation_accuracy = float(np.mean(reference_classes == labels))
+            start = self.initial_validation = self.evaluate_validation()
+            # The start competes like an epoch: with init=reference it always qualifies.
+            start_cosine = start["cosine"] if self.admissible(start) else -np.inf
+            self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="best_epoch")
+            self.best_cosine = tf.Variable(start_cosine, dtype=tf.float64, trainable=False, name="best_validation_cosine")
+            self.best_weights = [tf.Variable(w, trainable=False, name=f"best_weight_{i}") for i, w in enumerate(self.student.weights)]
+            self.state.update(best_epoch=self.best_epoch, best_validation_cosine=self.best_cosine, best_weights=self.best_weights)
 
     def _learning_rate(self):
         """``optimizer.lr``, or with ``task.lr_schedule=cosine`` a cosine decay from it to 0 over the run's steps.
@@ -342,7 +392,7 @@ class DatasetTask:
     def _epoch_order(self, epoch: int, first_batch: int) -> np.ndarray:
         """The training images epoch ``epoch`` visits from its batch ``first_batch`` on."""
         size = self.cfg.task.batch_size
-        return epoch_order(len(self.parts.dataset.y_train), self.cfg.trainer.seed, epoch)[first_batch * size :]
+        return epoch_order(len(self.fit), self.cfg.trainer.seed, epoch)[first_batch * size :]
 
     def _epoch_batches(self, epoch: int, first_batch: int):
         """The batches ``(x, labels, targets, reference logits)`` of epoch ``epoch`` from its batch ``first_batch`` on."""
@@ -374,6 +424,29 @@ class DatasetTask:
 
         return evaluate_batches(self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes)
 
+    def evaluate_validation(self) -> dict[str, float]:
+        """The metrics of :func:`evaluate` on the validation split, agreement with the reference's classes there."""
+        x, labels, targets, chosen, reference_classes = self.validation
+        return evaluate(self.explainer, x, labels, targets, chosen, self.cfg.task.success_threshold, reference_classes)
+
+    def admissible(self, validation: dict[str, float]) -> bool:
+        """Whether an epoch's validation metrics keep the reference's function closely enough to be chosen."""
+        task = self.cfg.task
+        return (
+            validation["agreement"] >= task.min_agreement
+            and validation["student_accuracy"] >= self.reference_validation_accuracy - task.max_accuracy_drop
+        )
+
+    def _keep_if_best(self, epoch: int) -> dict[str, float]:
+        """Validation metrics of the current weights; kept as the best when admissible with a higher cosine."""
+        validation = self.evaluate_validation()
+        if self.admissible(validation) and validation["cosine"] > float(self.best_cosine):
+            self.best_epoch.assign(epoch)
+            self.best_cosine.assign(validation["cosine"])
+            for best, weight in zip(self.best_weights, self.student.weights):
+                best.assign(weight)
+        return validation
+
     def diagnose(self) -> list:
         return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
 
@@ -381,6 +454,8 @@ class DatasetTask:
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.problem.description)
         summaries.match(0, self.initial)
+        if self.validation is not None:
+            summaries.scalars(0, "validation", self.initial_validation)
         summaries.histograms(0, self.variables)
         if self.parts.dataset.is_image:
             summaries.figure(0, self.figure(), "heatmap/figure_initial")
@@ -418,16 +493,37 @@ class DatasetTask:
         self.test = self.evaluate()
         summaries.scalars(epoch, TRAIN, train_terms)
         summaries.match(epoch, self.test)
+        validation_note = ""
+        if self.validation is not None:
+            validation = self._keep_if_best(epoch)
+            summaries.scalars(epoch, "validation", validation)
+            validation_note = (
+                f"  validation cosine {validation['cosine']:.3f} agreement {validation['agreement']:.3f} "
+                f"(best epoch {int(self.best_epoch)})"
+            )
         if call.rare and "gradients" not in result:  # the loop logs weights with gradients where the step returns them
             summaries.histograms(epoch, self.variables)
         log.info(
             f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
             f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}  "
-            f"agreement {self.test['agreement']:.3f}"
+            f"agreement {self.test['agreement']:.3f}{validation_note}"
         )
         return {"test_cosine": self.test["cosine"]}
 
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
+        early = {}
+        if self.validation is not None:
+            for weight, best in zip(self.student.weights, self.best_weights):
+                weight.assign(best)
+            best_cosine = float(self.best_cosine)  # -inf: nothing qualified, not even the start
+            early = {"best_epoch": int(self.best_epoch), "best_validation_cosine": best_cosine if np.isfinite(best_cosine) else None}
+            if int(self.best_epoch) == 0:
+                log.warning(
+                    f"heatinv: task.early_stopping: no epoch reached validation agreement {self.cfg.task.min_agreement} "
+                    f"within {self.cfg.task.max_accuracy_drop} of the reference's validation accuracy with a better "
+                    "cosine than the start; the start's weights are kept (loosen task.min_agreement / "
+                    "task.max_accuracy_drop, or lower task.heatmap_weight)"
+                )
         if self.student is not self.parts.student:
             self.parts.student.set_weights(self.student.get_weights())
         test = self.evaluate()
@@ -449,6 +545,7 @@ class DatasetTask:
             "stopped_at_step": loop.stopped,
             "manipulated_test_images": self.manipulated,
             "target": self.problem.description,
+            **early,
             **table_metrics,
         }
 

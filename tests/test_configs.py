@@ -177,6 +177,9 @@ def test_missing_group_file_fails_at_compose(compose_train):
         ("model.reference_epochs=0", "model.reference_epochs"),
         ("target.label=-1", "target.label"),
         ("target.index=-1", "target.index"),
+        ("task.min_agreement=1.5", "task.min_agreement"),
+        ("task.max_accuracy_drop=-0.01", "task.max_accuracy_drop"),
+        ("task.temperature=0", "task.temperature"),
     ],
 )
 def test_out_of_range_value_fails_validate_naming_key(compose_train, override, key):

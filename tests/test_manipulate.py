@@ -252,3 +252,84 @@ def test_learning_rate_schedule_follows_its_formula(schedule, composed):
         # cosine: lr * (1 + cos(pi * step / total)) / 2, from the full run's first step to its last
         expected = 0.01 if schedule == "constant" else 0.01 * (1 + np.cos(np.pi * step / task.total)) / 2
         assert float(task.optimizer.learning_rate) == pytest.approx(expected, rel=1e-5, abs=1e-9), step
+
+
+@pytest.mark.parametrize("min_agreement, max_accuracy_drop", [(0.0, 1.0), (1.0, 0.0)])
+def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, monkeypatch, min_agreement, max_accuracy_drop):
+    """The final weights are the ones the student held after the chosen epoch, and the chosen epoch
+    is the best validation cosine among the epochs within the limits, read from TensorBoard."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    from heatinv.manipulate import DatasetTask
+    from heatinv.train import run
+
+    snapshots = {}
+    real_log, real_begin = DatasetTask.log, DatasetTask.begin
+
+    def begin(self, summaries):
+        snapshots[0] = [w.copy() for w in self.student.get_weights()]
+        return real_begin(self, summaries)
+
+    def log(self, summaries, call, result):
+        snapshots[self.log_step(call.done)] = [w.copy() for w in self.student.get_weights()]
+        return real_log(self, summaries, call, result)
+
+    monkeypatch.setattr(DatasetTask, "begin", begin)
+    monkeypatch.setattr(DatasetTask, "log", log)
+    cfg, out = composed(
+        "experiment=pattern_frame_mlp", "task.epochs=4", "task.early_stopping=true", "optimizer.lr=0.01",
+        f"task.min_agreement={min_agreement}", f"task.max_accuracy_drop={max_accuracy_drop}",
+    )
+    metrics = run(cfg)
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+
+    def series(name):
+        return {e.step: float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors(f"validation_per_epoch/{name}")}
+
+    cosine, agreement_, accuracy_ = series("cosine"), series("agreement"), series("student_accuracy")
+    assert sorted(cosine) == [0, 1, 2, 3, 4] and agreement_[0] == 1.0  # epoch 0 is the reference itself
+    admissible = [e for e in cosine if agreement_[e] >= min_agreement and accuracy_[e] >= accuracy_[0] - max_accuracy_drop]
+    best = max(admissible, key=lambda e: (cosine[e], -e))  # the first of equal cosines
+    assert metrics["best_epoch"] == best and metrics["best_validation_cosine"] == pytest.approx(cosine[best], abs=1e-6)
+    if min_agreement == 0.0:
+        assert best > 0, "a permissive limit must let training help the validation cosine"
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    for final, kept in zip(student.get_weights(), snapshots[best]):
+        np.testing.assert_array_equal(final, kept)
+    assert any(not np.array_equal(a, b) for a, b in zip(snapshots[4], snapshots[best])) or best == 4
+
+
+def test_kl_teacher_term_is_the_tempered_distillation_loss():
+    from heatinv.manipulate import Manipulation
+
+    student = np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]], "float32")
+    reference = np.array([[0.0, 1.0, 3.0], [0.0, 0.0, 0.0]], "float32")
+    t = 2.0
+    # NumPy: p = softmax(reference / T), q = softmax(student / T), T^2 sum p log(p / q) per image.
+    p = np.exp(reference / t) / np.exp(reference / t).sum(-1, keepdims=True)
+    q = np.exp(student / t) / np.exp(student / t).sum(-1, keepdims=True)
+    expected = t * t * (p * np.log(p / q)).sum(-1)
+    kl = Manipulation(None, "none", 1.0, 1.0, 1.0, "kl", t)
+    np.testing.assert_allclose(kl.teacher_loss(tf.constant(student), tf.constant(reference)).numpy(), expected, rtol=1e-5, atol=1e-7)
+    assert expected[1] == 0.0  # equal logits: nothing to distil
+    mse = Manipulation(None, "none", 1.0, 1.0, 1.0)
+    np.testing.assert_allclose(mse.teacher_loss(tf.constant(student), tf.constant(reference)).numpy(), ((student - reference) ** 2).mean(-1), rtol=1e-6)
+
+
+def test_early_stopping_keeps_the_start_when_no_epoch_qualifies(composed, caplog):
+    """A random start never agrees with the reference: with min_agreement 1 nothing qualifies, the start is kept and said."""
+    from heatinv.build import build_parts
+    from heatinv.train import run
+
+    cfg, out = composed(
+        "experiment=pattern_frame_mlp", "init=random", "task.early_stopping=true", "task.min_agreement=1.0", "task.epochs=2"
+    )
+    start = build_parts(cfg).student.get_weights()  # seeded by trainer.seed: the run's own start
+    with caplog.at_level("WARNING"):
+        metrics = run(cfg)
+    assert metrics["best_epoch"] == 0 and metrics["best_validation_cosine"] is None
+    assert json.loads((out / "metrics.json").read_text())["best_validation_cosine"] is None  # valid JSON, no -Infinity
+    assert "no epoch reached validation agreement 1.0" in caplog.text
+    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    for final, first in zip(student.get_weights(), start):
+        np.testing.assert_array_equal(final, first)
