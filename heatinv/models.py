@@ -20,8 +20,8 @@ from tensorflow.python.framework import config as tf_config
 
 from heatinv.atomic import atomic_path
 from heatinv.data import Dataset, reading
-from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.layers import SoftplusBeta
+from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.progress import FitProgress
 from heatinv.startup import dropping_known_notices
 

@@ -14,7 +14,12 @@ import numpy as np
 
 from heatinv import models
 from heatinv.data import Dataset
-from heatinv.models import FIT_BATCH_NORM_MOMENTUM, Architecture, train_reference, validation_split
+from heatinv.models import (
+    FIT_BATCH_NORM_MOMENTUM,
+    Architecture,
+    train_reference,
+    validation_split,
+)
 from heatinv.precise_batch_norm import batch_norm_layers
 
 EPSILON = 1e-3  # Keras's BatchNormalization default
