@@ -117,7 +117,6 @@ def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     [
         (["target=file", "target.path=missing.npy"], "missing.npy"),
         (["trainer.steps=0"], "trainer.steps"),
-        (["model=file", "model.path=missing.keras"], "missing.keras"),
     ],
 )
 def test_command_line_exits_2_with_the_message_and_no_traceback(tmp_path, overrides, fragment):
@@ -125,3 +124,16 @@ def test_command_line_exits_2_with_the_message_and_no_traceback(tmp_path, overri
     assert done.returncode == 2, done.stderr[-2000:]
     assert fragment in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_command_line_missing_model_file_is_one_message_exit_2_and_no_results(tmp_path):
+    missing = "/nonexistent.keras"
+    done = _cli(tmp_path, "model=file", f"model.path={missing}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    messages = [line for line in done.stderr.splitlines() if line.startswith("heatinv:")]
+    assert len(messages) == 1, done.stderr[-3000:]
+    (message,) = messages
+    assert missing in message and "model.path" in message
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob("metrics.json"))

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
 from heatinv.config import validate
 from heatinv.dataset_targets import dataset_targets
@@ -238,6 +239,17 @@ def test_every_experiment_runs_through_the_command_line_with_the_debug_config(ex
         assert 0 <= metrics[key] <= 1 or key == "cosine", (key, metrics[key])
     assert f"agreement {metrics['agreement']:.3f}" in done.stdout
     assert metrics["manipulated_test_images"] > 0
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    if config["data"]["name"] == "digits":
+        # README, "Experiments": target=pattern|swap|suppress (the experiment's first word), one
+        # epoch of the dataset task under debug=smoke, held-out metrics, a target unlike the start.
+        from heatinv.data import load_digits
+
+        assert config["target"]["kind"] == experiment.split("_")[0]
+        for key in ("cosine", "ssim", "pearson", "success_rate", "reference_accuracy", "student_accuracy", "initial_cosine"):
+            assert np.isfinite(metrics[key]), key
+        assert metrics["steps"] == -(-len(load_digits().x_train) // 128)  # one epoch of batches of 128
+        assert metrics["initial_cosine"] < 0.99  # the student starts from the reference, whose heatmaps are not yet the targets
 
 
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
