@@ -1,8 +1,8 @@
-"""README claims about the command line itself: exit codes, signals and printed text (one subprocess each).
+"""README claims about the command line itself: exit codes and printed text (one subprocess each).
 
-The Ctrl-C test stops the run at a known step with the loop's test-only hook
-(``HEATINV_TEST_SIGNAL_AT_STEP=N:SIGINT``, set in the child's environment only), so no test
-races a running process. Time limits are hang detectors, not performance checks.
+Ctrl-C (exit 130, the checkpoint, the printed resume command, the resumed run) is checked by
+tests/test_run_folders.py, whose run stops itself at a known step through the loop's test-only
+hook. Time limits are hang detectors, not performance checks.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ DEAD_OUTPUT = ("model.hidden=[32,16]", "trainer.steps=5", "trainer.log_every=5",
 HANG_LIMIT = 900  # seconds; a loaded 2-core machine takes ~20 s per run
 
 
-def launch(cmd: list[str], cwd: Path, signal_at: str | None = None) -> subprocess.CompletedProcess:
+def launch(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    env.pop(TEST_SIGNAL_VARIABLE, None)
-    if signal_at:
-        env[TEST_SIGNAL_VARIABLE] = signal_at  # this child only
+    env.pop(TEST_SIGNAL_VARIABLE, None)  # no run here stops itself
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_LIMIT)
 
 
@@ -58,20 +56,3 @@ def test_python_m_heatinv_doctor_prints_the_finding_and_writes_doctor_json(tmp_p
     findings = json.loads((tmp_path / "run" / "doctor.json").read_text())
     assert [f["code"] for f in findings] == ["dead-output"]
     assert not (tmp_path / "run" / "metrics.json").exists()  # the doctor trains nothing
-
-
-@pytest.mark.slow
-def test_ctrl_c_checkpoints_exits_130_prints_the_resume_command_and_resumes(tmp_path, reference_cache):
-    """README: Ctrl-C stops between two steps, saves a checkpoint and prints how to resume; exit 128 + 2."""
-    run_dir = tmp_path / "run"
-    overrides = ("trainer.steps=30", "trainer.steps_per_execution=5", "trainer.log_every=10", "trainer.checkpoint_every=100")
-    done = launch(train_command(run_dir, reference_cache, *overrides), tmp_path, signal_at="10:SIGINT")
-    assert done.returncode == 130, done.stderr[-3000:]
-    assert "SIGINT received: stopped after step 10" in done.stderr
-    assert f"hydra.run.dir={run_dir} trainer.resume=true" in done.stderr
-    assert "Traceback" not in done.stderr and not (run_dir / "metrics.json").exists()
-    assert (run_dir / "checkpoints" / "ckpt-10.index").is_file()
-    resumed = launch(train_command(run_dir, reference_cache, *overrides, "trainer.resume=true"), tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming {run_dir} after step 10 of 30" in resumed.stdout
-    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 30

@@ -2,7 +2,8 @@
 
 The `slow` tests run `python -m heatinv.train` in a subprocess, as a user does, with tiny
 settings (3 steps, a 784-16-8-10 MLP whose reference trained for one epoch) from a scratch
-working directory: a 2-job sweep with each launcher, a 3-trial Optuna search, a joblib sweep
+working directory: a 2-job sweep with the Ray and submitit launchers, the 3-job loss sweep
+of conftest.py with joblib (shared with tests/test_sweeps.py), a 3-trial Optuna search, a joblib sweep
 in which one job fails, and TensorBoard serving a sweep directory on 127.0.0.1 to show that
 the HParams dashboard has one row per job with its overrides and final metrics.
 
@@ -33,6 +34,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from conftest import SWEEP_LOSSES
 from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
 from heatinv.config import register
 
@@ -119,19 +121,13 @@ def check_jobs(result: subprocess.CompletedProcess, sweep_dir: str, count: int) 
     return summary
 
 
-@pytest.fixture(scope="module")
-def joblib_sweep(tmp_path_factory, cache_dir):
-    need("hydra_plugins.hydra_joblib_launcher", "joblib")
-    cwd = tmp_path_factory.mktemp("joblib")
-    return heatinv_sweep(cwd, cache_dir, "-m", "loss=l1,mse", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
-
-
 @pytest.mark.slow
 def test_joblib_sweep(joblib_sweep):
+    """The joblib sweep of tests/test_sweeps.py (conftest.py's session fixture): its summary and launcher."""
     result, sweep_dir = joblib_sweep
-    summary = check_jobs(result, sweep_dir, 2)
+    summary = check_jobs(result, sweep_dir, len(SWEEP_LOSSES))
     assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr  # the joblib launcher ran the jobs
-    assert [override(job, "loss") for job in summary["jobs"]] == ["l1", "mse"]
+    assert [override(job, "loss") for job in summary["jobs"]] == list(SWEEP_LOSSES)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
 from heatinv.config import validate
 from heatinv.dataset_targets import dataset_targets
@@ -238,6 +239,22 @@ def test_every_experiment_runs_through_the_command_line_with_the_debug_config(ex
         assert 0 <= metrics[key] <= 1 or key == "cosine", (key, metrics[key])
     assert f"agreement {metrics['agreement']:.3f}" in done.stdout
     assert metrics["manipulated_test_images"] > 0
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    if config["data"]["name"] == "digits":
+        # README, "Experiments": target=pattern|swap|suppress (the experiment's first word), one
+        # epoch of the dataset task under debug=smoke, held-out metrics, a target unlike the start.
+        from heatinv.data import load_digits
+        from heatinv.models import validation_split
+
+        assert config["target"]["kind"] == experiment.split("_")[0]
+        for key in ("cosine", "ssim", "pearson", "success_rate", "reference_accuracy", "student_accuracy", "initial_cosine"):
+            assert np.isfinite(metrics[key]), key
+        # one epoch of batches of 128, over the reference's fit split where the run stops early on the rest
+        trained = len(load_digits().x_train)
+        if config["task"]["early_stopping"]:
+            trained = len(validation_split(trained, seed=0)[0])
+        assert metrics["steps"] == -(-trained // 128)
+        assert metrics["initial_cosine"] < 0.99  # the student starts from the reference, whose heatmaps are not yet the targets
 
 
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])

@@ -24,14 +24,6 @@ SMALL_RUN = ("model.hidden=[32,16]", "trainer.steps=5", "trainer.log_every=5")
 # A random student whose target-class output is dead behind its final ReLU (seed 0):
 # the doctor stops the run before the first update (tests/test_doctor.py).
 DEAD_OUTPUT = (*SMALL_RUN, "model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
-EXPERIMENTS = (
-    "pattern_frame_mlp",
-    "pattern_frame_cnn",
-    "swap_1_like_0_mlp",
-    "swap_1_like_0_cnn",
-    "suppress_top50_mlp",
-    "suppress_top50_cnn",
-)
 
 
 def read_metrics(out) -> dict:
@@ -250,30 +242,6 @@ def test_data_mnist_reads_a_local_mnist_npz(tmp_path):
     target = single_target(cfg, parts.dataset, parts.reference)
     x_test = np.load(path)["x_test"].astype(np.float32) / 255
     assert any(np.array_equal(target.image[0, ..., 0], image) for image in x_test)  # the target's image is from the file
-
-
-# --------------------------------------------------------------------------- experiments (target=pattern|swap|suppress)
-
-
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_experiment_runs_through_the_composed_config(composed, experiment):
-    """``experiment=NAME debug=smoke``: one epoch of the dataset task, held-out metrics, a target unlike the start."""
-    from heatinv.data import load_digits
-
-    cfg, out = composed(f"experiment={experiment}")
-    assert cfg.target.kind == experiment.split("_")[0]
-    metrics = run(cfg)
-    written = read_metrics(out)
-    for key in ("cosine", "ssim", "pearson", "success_rate", "reference_accuracy", "student_accuracy", "initial_cosine"):
-        assert np.isfinite(written[key]), key
-    from heatinv.models import validation_split
-
-    data = load_digits()
-    # one epoch of batches of 128, over the reference's fit split where the run stops early on the rest
-    trained = len(validation_split(len(data.x_train), seed=0)[0]) if cfg.task.early_stopping else len(data.x_train)
-    assert written["steps"] == -(-trained // 128)
-    # the student starts from the reference, whose heatmaps are not yet the targets
-    assert metrics["initial_cosine"] < 0.99
 
 
 # --------------------------------------------------------------------------- the doctor's all-zero code

@@ -44,8 +44,8 @@ def launch(run_dir: Path, cache: Path, *overrides: str, signal_at: str | None = 
 class Baseline:
     """An uninterrupted run: its metrics, and a time limit for the runs compared with it."""
 
-    def __init__(self, root: Path, overrides: list[str]):
-        self.root, self.cache, self.overrides = root, root / "cache", overrides
+    def __init__(self, root: Path, cache: Path, overrides: list[str]):
+        self.root, self.cache, self.overrides = root, cache, overrides
         started = time.monotonic()
         done = launch(root / "uninterrupted", self.cache, *overrides, timeout=FIRST_RUN_LIMIT)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -57,8 +57,8 @@ class Baseline:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return Baseline(tmp_path_factory.mktemp("single"), SINGLE)
+def single(tmp_path_factory, reference_cache):
+    return Baseline(tmp_path_factory.mktemp("single"), reference_cache, SINGLE)
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +161,8 @@ def test_resuming_with_a_changed_model_names_the_keys(single, killed_single):
 
 
 @pytest.mark.slow
-def test_dataset_task_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_path_factory):
-    dataset = Baseline(tmp_path_factory.mktemp("dataset"), DATASET)
+def test_dataset_task_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_path_factory, reference_cache):
+    dataset = Baseline(tmp_path_factory.mktemp("dataset"), reference_cache, DATASET)
     killed = dataset.run("killed", signal_at="7:SIGKILL")  # epoch 1 has 11 batches of 128 (debug=smoke)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = dataset.run("killed", "trainer.resume=true", "trainer.log_every=1")  # a key a resume may change

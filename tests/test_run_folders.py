@@ -61,9 +61,13 @@ def test_a_run_is_named_after_its_overrides_and_resumes_from_the_printed_command
     command = [sys.executable, "-m", "heatinv.train", SMOKE, f"paths.cache_dir={reference_cache}", *overrides]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TEST_SIGNAL_VARIABLE: "10:SIGINT"}
     stopped = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT)
+    # README: Ctrl-C stops between two steps, saves a checkpoint and prints how to resume; exit 128 + 2.
     assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "SIGINT received: stopped after step 10" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
 
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert not (run_dir / "metrics.json").exists()
     # Hydra's override_dirname: the overrides sorted, path-valued keys (paths.cache_dir) left out.
     expected = ",".join(sorted([SMOKE, *overrides]))
     assert re.fullmatch(r"\d\d-\d\d-\d\d_" + re.escape(expected), run_dir.name), run_dir.name

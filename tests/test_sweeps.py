@@ -3,8 +3,8 @@
 Each command runs in a scratch working directory with no `configs/` folder, so the configs
 must come from the installed `heatinv.configs` package. A sweep over the three losses runs
 once with Hydra's basic launcher (all jobs in one process) and once with the joblib launcher
-(two worker processes); both must write every job's outputs, and give the same numbers. A
-bad model path must fail with a short message naming the path and write no results.
+(two worker processes); both must write every job's outputs, and give the same numbers. Both
+sweeps are session fixtures in conftest.py: tests/test_launchers.py reads the joblib one too.
 """
 
 from __future__ import annotations
@@ -12,57 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 
+from conftest import SWEEP_LOSSES
+
 pytestmark = pytest.mark.slow
 
-LOSSES = ("l1", "mse", "huber")
-SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
-
-
-def heatinv_train(cwd, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "heatinv.train", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def sweep(tmp_path, *launcher: str, cache=None) -> tuple[subprocess.CompletedProcess, str]:
-    sweep_dir = tmp_path / "sweep"
-    cache = cache or tmp_path / "cache"
-    result = heatinv_train(
-        tmp_path,
-        "-m",
-        f"loss={','.join(LOSSES)}",
-        *SHRINK,
-        f"hydra.sweep.dir={sweep_dir}",
-        f"paths.cache_dir={cache}",
-        *launcher,
-    )
-    return result, str(sweep_dir)
-
-
-@pytest.fixture(scope="module")
-def basic_sweep(tmp_path_factory):
-    return sweep(tmp_path_factory.mktemp("basic"))
-
-
-@pytest.fixture(scope="module")
-def joblib_sweep(tmp_path_factory, basic_sweep):
-    # Uses the basic sweep's (warm) reference cache. With a cold cache, two workers train the
-    # same reference at once and collide on its temporary file name, ending one job (a known
-    # bug, pinned deterministically by test_models.py::test_reference_cache_survives_a_concurrent_writer).
-    _, basic_dir = basic_sweep
-    cache = os.path.join(os.path.dirname(basic_dir), "cache")
-    return sweep(tmp_path_factory.mktemp("joblib"), "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cache=cache)
+LOSSES = SWEEP_LOSSES
 
 
 def check_sweep(result: subprocess.CompletedProcess, sweep_dir: str) -> dict[str, dict]:
@@ -109,25 +67,3 @@ def test_launchers_agree(basic_sweep, joblib_sweep):
     for loss in LOSSES:
         for key in ("loss", "cosine", "ssim", "pearson", "spearman"):
             assert basic[loss][key] == joblib[loss][key], (loss, key)
-
-
-def test_missing_model_file_fails_with_one_message(tmp_path):
-    missing = "/nonexistent.keras"
-    run_dir = tmp_path / "run"
-    result = heatinv_train(
-        tmp_path,
-        "model=file",
-        f"model.path={missing}",
-        *SHRINK,
-        f"hydra.run.dir={run_dir}",
-        f"paths.cache_dir={tmp_path / 'cache'}",
-        timeout=120,
-    )
-    assert result.returncode != 0
-    messages = [line for line in result.stderr.splitlines() if line.startswith("heatinv:")]
-    assert len(messages) == 1, result.stderr[-3000:]
-    (message,) = messages
-    assert missing in message and "model.path" in message
-    assert "Traceback" not in result.stderr
-    assert not (run_dir / "metrics.json").exists()
-    assert not list(tmp_path.rglob("metrics.json"))
