@@ -185,9 +185,9 @@ def joblib_sweep(tmp_path_factory, basic_sweep):
     """The same sweep with the joblib launcher (two workers), shared by tests/test_sweeps.py and tests/test_launchers.py.
 
     It uses the basic sweep's (warm) reference cache: both sweeps then explain the same
-    reference, so their numbers can be compared; and with a cold cache, two workers train the
-    same reference at once and collide on its temporary file name, ending one job (a known bug,
-    pinned deterministically by test_models.py::test_reference_cache_survives_a_concurrent_writer).
+    reference, so their numbers can be compared, and the workers do not each train it again
+    (two workers writing one cache entry at once is test_models.py's
+    test_reference_cache_survives_a_concurrent_writer).
     """
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason='needs the "joblib" extra: pip install -e ".[joblib]"')
     _, basic_dir = basic_sweep
