@@ -33,6 +33,15 @@ MUTATIONS = [
     ("target=swap: the mean over the other classes", "heatinv/dataset_targets.py",
      "mean = source_maps[source_labels == like].mean(axis=0)", "mean = source_maps[source_labels != like].mean(axis=0)",
      ["tests/test_manipulate.py::test_swap_targets_take_the_like_class_mean_from_the_given_source"]),
+    ("task.early_stopping: the last epoch kept, not the best", "heatinv/manipulate.py",
+     "                weight.assign(best)", "                pass",
+     ["tests/test_manipulate.py::test_early_stopping_restores_the_best_admissible_validation_epoch"]),
+    ("task.teacher=kl: without the T^2 factor", "heatinv/manipulate.py",
+     "return t * t * tf.reduce_sum(teacher", "return tf.reduce_sum(teacher",
+     ["tests/test_manipulate.py::test_kl_teacher_term_is_the_tempered_distillation_loss"]),
+    ("precise BatchNorm: the moving statistics left as the fit left them", "heatinv/models.py",
+     "                set_population_statistics(model, dataset.batches(\"train\", 32, fit))", "                pass",
+     ["tests/test_precise_batch_norm.py"]),
 ]
 
 
