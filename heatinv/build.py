@@ -23,7 +23,7 @@ from heatinv.data import Dataset, load_dataset, reading
 from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
-from heatinv.models import Architecture, accuracy, build_model, load_model_file, reference_model
+from heatinv.models import REFERENCE_SEED, Architecture, accuracy, build_model, load_model_file, reference_model
 from heatinv.progress import Progress
 from heatinv.targets import Target, build_target
 
@@ -75,7 +75,7 @@ def build_parts(cfg) -> Parts:
         student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
     else:
         reference, reference_acc = reference_model(
-            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=0, weights=cfg.model.weights
+            architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=REFERENCE_SEED, weights=cfg.model.weights
         )
         student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape)
     if cfg.init.kind == "reference":

@@ -56,7 +56,7 @@ from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, 
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
-from heatinv.models import validation_split
+from heatinv.models import REFERENCE_SEED, validation_split
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
@@ -309,7 +309,7 @@ class DatasetTask:
                     "streamed batch by batch; use task.early_stopping=false, or save the images as an .npz (data=npz)."
                 )
             # The reference's own split: the validation images are new to both models.
-            self.fit, held = validation_split(len(data.y_train), seed=0)
+            self.fit, held = validation_split(len(data.y_train), seed=REFERENCE_SEED)
             problem = self.problem
             self.validation = (
                 data.x_train[held], data.y_train[held], problem.train_targets[held], problem.train_chosen[held],

@@ -186,6 +186,7 @@ the training would be measured with stale statistics. The final statistics are r
 after the fit in any case (:func:`~heatinv.precise_batch_norm.set_population_statistics`).
 """
 VALIDATION_FRACTION = 0.15  # of the training images, carved out with the seed
+REFERENCE_SEED = 0  # the trainer's reference: its initial weights and its validation split
 PATIENCE = 10  # epochs without a better validation loss before training stops
 
 
