@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
 from typing import Callable
 from dataclasses import dataclass
@@ -365,6 +366,7 @@ class DatasetTask:
         # resumed half-way reports the same averages as an uninterrupted one.
         self.sums = tf.Variable(tf.zeros(1 + len(TERMS), tf.float64), trainable=False, name="epoch_term_sums")
         self.state = {"epoch_term_sums": self.sums}
+        self.epoch_evaluation_seconds: list[float] = []  # each epoch's held-out evaluation, for metrics.json
         self.initial = self.evaluate()  # before any resume: the run's own start
         if self.validation is not None:
             # The best epoch so far and its weights live in the checkpoint: a resumed run picks the same epoch.
@@ -490,7 +492,9 @@ class DatasetTask:
         means = self.sums.numpy() / self.steps_per_epoch
         self.sums.assign(tf.zeros_like(self.sums))
         train_terms = {name: float(v) for name, v in zip(("loss", *TERMS), means)}
+        started = time.perf_counter()
         self.test = self.evaluate()
+        self.epoch_evaluation_seconds.append(time.perf_counter() - started)
         summaries.scalars(epoch, TRAIN, train_terms)
         summaries.match(epoch, self.test)
         validation_note = ""
@@ -506,7 +510,7 @@ class DatasetTask:
         log.info(
             f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
             f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}  "
-            f"agreement {self.test['agreement']:.3f}{validation_note}"
+            f"agreement {self.test['agreement']:.3f}{validation_note}  (held-out evaluation {self.epoch_evaluation_seconds[-1]:.1f} s)"
         )
         return {"test_cosine": self.test["cosine"]}
 
@@ -539,6 +543,8 @@ class DatasetTask:
             "epochs": self.cfg.task.epochs,
             "steps": loop.steps,
             **loop.timing(),
+            # The mean time of one epoch's held-out evaluation (this process's epochs; None when it ran none).
+            "evaluation_seconds": float(np.mean(self.epoch_evaluation_seconds)) if self.epoch_evaluation_seconds else None,
             "nonfinite_steps": loop.nonfinite_steps,
             "xla": self.xla,
             "xla_why": self.compiled.why if self.strategy is None else self.xla_why,
