@@ -85,7 +85,7 @@ def test_streamed_targets_equal_the_in_memory_ones(tmp_path, shapes, target):
     scale = np.abs(memory.train_targets).max()
     # Measured (2-core x86 CPU): max |difference| / max |target| 0 for pattern and suppress, 7e-8
     # for swap (its class mean summed batch by batch in float64, numpy's mean in float32); the
-    # logits equal (batches of 64 here, of 256 in memory). The margin is for another CPU's rounding.
+    # logits equal (both explained once, in batches of 256). The margin is for another CPU's rounding.
     np.testing.assert_allclose(targets, memory.train_targets[order], rtol=0, atol=1e-6 * scale)
     np.testing.assert_allclose(logits, memory.train_logits[order], rtol=0, atol=1e-6)
     test = list(streamed.test_batches(streamed_parts.dataset, batch_size=16))
