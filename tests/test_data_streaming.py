@@ -135,6 +135,7 @@ def test_a_streamed_dataset_run_gives_the_in_memory_runs_metrics(tmp_path, shape
     streamed, memory = metrics["folder"], metrics["npz"]
     assert streamed["steps"] == memory["steps"] == 2 * 4  # 240 training images in 4 batches of 64 (the last of 48)
     assert streamed["manipulated_test_images"] == memory["manipulated_test_images"] == 60
+    assert streamed["evaluation_seconds"] > 0 and memory["evaluation_seconds"] > 0  # reported by both (its value is a time: not compared)
     for key in ("initial_cosine", "cosine", "ssim", "pearson", "spearman", "student_accuracy", "agreement", "reference_accuracy"):
         # Measured: every value equal (bit for bit) after the 8 steps; the margin is for another
         # CPU's rounding, far below the changes training makes (the cosine moves by 8e-3).
