@@ -90,7 +90,7 @@ def cached_explanations(explain, explainer, dataset: Dataset, split: str, cache_
 
     Example:
     >>> maps, logits = cached_explanations(explain, explainer, dataset, "test", "outputs/cache", {...})  # doctest: +SKIP
-    >>> maps[10:20].shape  # reads only these rows
+    >>> maps[10:20].shape  # reads only these rows  # doctest: +SKIP
     (10, 32, 32, 1)
     """
     maps_path, logits_path = entry_paths(cache_dir, explainer, dataset, split, lrp_settings)
