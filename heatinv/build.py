@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 import tensorflow as tf
+from omegaconf import OmegaConf
 
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
 from heatinv.data import Dataset, load_dataset, reading
 from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
+from heatinv.explanation_cache import cached_explanations
 from heatinv.lrp import LRP
 from heatinv.models import REFERENCE_SEED, Architecture, accuracy, build_model, load_model_file, reference_model
 from heatinv.progress import Progress
@@ -250,16 +252,19 @@ class DatasetProblem:
 
 @dataclass
 class StreamedProblem:
-    """The dataset task's targets for an image folder: computed batch by batch from the frozen reference.
+    """The dataset task's targets for an image folder, batch by batch, from the frozen reference's cached explanations.
 
-    Nothing of the whole split is held: each batch is decoded, explained by the reference, and
-    its targets made by :func:`~heatinv.dataset_targets.dataset_targets`, whose every target
-    depends on its own image only (``swap``'s class mean is computed once, in ``options``).
+    Nothing of the whole split is held: the reference's heatmaps and logits of each split are
+    computed once and read memory-mapped from the cache
+    (:func:`~heatinv.explanation_cache.cached_explanations`); each batch is decoded, reads its
+    own rows, and gets its targets from :func:`~heatinv.dataset_targets.dataset_targets`, whose
+    every target depends on its own image only (``swap``'s class mean is computed once, in ``options``).
 
     Attributes:
         explainer: the reference's explainer.
         kind, classes, options: the arguments of ``dataset_targets``.
         description: e.g. ``pattern (classes [1])``.
+        explanations: ``{split: (heatmaps, logits)}``, the memory-mapped cache entries.
     """
 
     explainer: LRP
@@ -267,16 +272,20 @@ class StreamedProblem:
     classes: list[int] | None
     options: dict
     description: str
+    explanations: dict
 
     def batches(self, dataset: Dataset, split: str, batch_size: int, order: np.ndarray | None = None) -> Iterator[ProblemBatch]:
-        """A split's batches (in ``order``), each decoded, explained and given its targets as it is reached."""
-        explain = _compiled_explain(self.explainer, dataset.input_shape)
+        """A split's batches (in ``order``), each decoded and given its cached reference explanations and targets as it is reached."""
+        all_maps, all_logits = self.explanations[split]
+        positions = np.arange(len(all_maps)) if order is None else np.asarray(order)
         with reading(getattr(dataset, f"x_{split}")):
-            for x, labels in dataset.batches(split, batch_size, order).prefetch(2):
-                maps, logits = explain(x, labels)
+            pipeline = dataset.batches(split, batch_size, positions).prefetch(2)
+            for start, (x, labels) in zip(range(0, len(positions), batch_size), pipeline):
+                rows = positions[start : start + batch_size]
+                maps, logits = np.asarray(all_maps[rows]), np.asarray(all_logits[rows])
                 labels = labels.numpy().astype(np.int64)
-                targets, chosen = dataset_targets(self.kind, labels, maps.numpy(), self.classes, **self.options)
-                yield ProblemBatch(x.numpy(), labels, maps.numpy(), logits.numpy(), targets, chosen)
+                targets, chosen = dataset_targets(self.kind, labels, maps, self.classes, **self.options)
+                yield ProblemBatch(x.numpy(), labels, maps, logits, targets, chosen)
 
     def test_batches(self, dataset: Dataset, batch_size: int = 256) -> Iterator[ProblemBatch]:
         """The held-out split in batches, with its reference heatmaps and targets."""
@@ -296,7 +305,12 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     if dataset.streamed:
         if target.kind == "swap":
             options["like_mean"] = streamed_class_mean(explainer, dataset, target.like)
-        return StreamedProblem(explainer, target.kind, classes, options, description)
+        explain = _compiled_explain(explainer, dataset.input_shape)
+        lrp_settings = OmegaConf.to_container(cfg.lrp, resolve=True)
+        explanations = {
+            split: cached_explanations(explain, explainer, dataset, split, cfg.paths.cache_dir, lrp_settings) for split in ("train", "test")
+        }
+        return StreamedProblem(explainer, target.kind, classes, options, description, explanations)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, test_logits = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
     train_targets, train_chosen = dataset_targets(target.kind, dataset.y_train, train_maps, classes, **options)

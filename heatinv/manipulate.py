@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
 from typing import Callable
 from dataclasses import dataclass
@@ -303,18 +304,10 @@ class DatasetTask:
         self.reference_classes = predicted_classes(parts.reference, data.x_test)
         self.fit, self.validation = np.arange(len(data.y_train)), None
         if task.early_stopping:
-            if self.streamed:
-                raise ValueError(
-                    "task.early_stopping=true needs the training images in memory, but an image folder (data=folder) is "
-                    "streamed batch by batch; use task.early_stopping=false, or save the images as an .npz (data=npz)."
-                )
             # The reference's own split: the validation images are new to both models.
-            self.fit, held = validation_split(len(data.y_train), seed=REFERENCE_SEED)
-            problem = self.problem
-            self.validation = (
-                data.x_train[held], data.y_train[held], problem.train_targets[held], problem.train_chosen[held],
-                np.argmax(problem.train_logits[held], -1),
-            )
+            self.fit, self.validation = validation_split(len(data.y_train), seed=REFERENCE_SEED)
+            train_logits = self.problem.explanations["train"][1] if self.streamed else self.problem.train_logits
+            self.validation_reference_classes = np.argmax(train_logits[self.validation], -1)
         if not self.streamed:  # held in memory: each step's batch is gathered from these columns
             self.columns = tuple(
                 tf.constant(c[self.fit])
@@ -365,11 +358,12 @@ class DatasetTask:
         # resumed half-way reports the same averages as an uninterrupted one.
         self.sums = tf.Variable(tf.zeros(1 + len(TERMS), tf.float64), trainable=False, name="epoch_term_sums")
         self.state = {"epoch_term_sums": self.sums}
+        self.epoch_evaluation_seconds: list[float] = []  # each epoch's held-out evaluation, for metrics.json
         self.initial = self.evaluate()  # before any resume: the run's own start
         if self.validation is not None:
             # The best epoch so far and its weights live in the checkpoint: a resumed run picks the same epoch.
-            _, labels, _, _, reference_classes = self.validation
-            self.reference_validation_accuracy = float(np.mean(reference_classes == labels))
+            labels = data.y_train[self.validation]
+            self.reference_validation_accuracy = float(np.mean(self.validation_reference_classes == labels))
             start = self.initial_validation = self.evaluate_validation()
             # The start competes like an epoch: with init=reference it always qualifies.
             start_cosine = start["cosine"] if self.admissible(start) else -np.inf
@@ -399,6 +393,7 @@ class DatasetTask:
         size = self.cfg.task.batch_size
         order = self._epoch_order(epoch, first_batch)
         if self.streamed:  # decoded and given targets batch by batch, as the loop reaches them
+            order = self.fit[order]  # positions among the fit images -> in the training split
             return (
                 (tf.constant(b.x), tf.constant(b.labels.astype(np.int32)), tf.constant(b.targets), tf.constant(b.reference_logits))
                 for b in self.problem.batches(self.parts.dataset, "train", size, order)
@@ -426,8 +421,12 @@ class DatasetTask:
 
     def evaluate_validation(self) -> dict[str, float]:
         """The metrics of :func:`evaluate` on the validation split, agreement with the reference's classes there."""
-        x, labels, targets, chosen, reference_classes = self.validation
-        return evaluate(self.explainer, x, labels, targets, chosen, self.cfg.task.success_threshold, reference_classes)
+        data, held = self.parts.dataset, self.validation
+        if self.streamed:  # decoded in batches of 256, the in-memory path's explain_all batches
+            batches = ((b.x, b.labels, b.targets, b.chosen) for b in self.problem.batches(data, "train", 256, held))
+        else:
+            batches = [(data.x_train[held], data.y_train[held], self.problem.train_targets[held], self.problem.train_chosen[held])]
+        return evaluate_batches(self.explainer, batches, self.cfg.task.success_threshold, self.validation_reference_classes)
 
     def admissible(self, validation: dict[str, float]) -> bool:
         """Whether an epoch's validation metrics keep the reference's function closely enough to be chosen."""
@@ -490,7 +489,9 @@ class DatasetTask:
         means = self.sums.numpy() / self.steps_per_epoch
         self.sums.assign(tf.zeros_like(self.sums))
         train_terms = {name: float(v) for name, v in zip(("loss", *TERMS), means)}
+        started = time.perf_counter()
         self.test = self.evaluate()
+        self.epoch_evaluation_seconds.append(time.perf_counter() - started)
         summaries.scalars(epoch, TRAIN, train_terms)
         summaries.match(epoch, self.test)
         validation_note = ""
@@ -506,7 +507,7 @@ class DatasetTask:
         log.info(
             f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
             f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}  "
-            f"agreement {self.test['agreement']:.3f}{validation_note}"
+            f"agreement {self.test['agreement']:.3f}{validation_note}  (held-out evaluation {self.epoch_evaluation_seconds[-1]:.1f} s)"
         )
         return {"test_cosine": self.test["cosine"]}
 
@@ -539,6 +540,8 @@ class DatasetTask:
             "epochs": self.cfg.task.epochs,
             "steps": loop.steps,
             **loop.timing(),
+            # The mean time of one epoch's held-out evaluation (this process's epochs; None when it ran none).
+            "evaluation_seconds": float(np.mean(self.epoch_evaluation_seconds)) if self.epoch_evaluation_seconds else None,
             "nonfinite_steps": loop.nonfinite_steps,
             "xla": self.xla,
             "xla_why": self.compiled.why if self.strategy is None else self.xla_why,

@@ -85,13 +85,45 @@ def test_streamed_targets_equal_the_in_memory_ones(tmp_path, shapes, target):
     scale = np.abs(memory.train_targets).max()
     # Measured (2-core x86 CPU): max |difference| / max |target| 0 for pattern and suppress, 7e-8
     # for swap (its class mean summed batch by batch in float64, numpy's mean in float32); the
-    # logits equal (batches of 64 here, of 256 in memory). The margin is for another CPU's rounding.
+    # logits equal (both explained once, in batches of 256). The margin is for another CPU's rounding.
     np.testing.assert_allclose(targets, memory.train_targets[order], rtol=0, atol=1e-6 * scale)
     np.testing.assert_allclose(logits, memory.train_logits[order], rtol=0, atol=1e-6)
     test = list(streamed.test_batches(streamed_parts.dataset, batch_size=16))
     np.testing.assert_array_equal(np.concatenate([b.chosen for b in test]), memory.test_chosen)
     np.testing.assert_allclose(np.concatenate([b.targets for b in test]), memory.test_targets, rtol=0, atol=1e-6 * scale)
     assert memory.test_chosen.sum() == (60 if target[0] != "target=swap" else np.isin(memory_parts.dataset.y_test, [1, 2]).sum())
+
+
+def test_the_references_explanations_are_computed_once_per_split_and_reused_from_the_cache(tmp_path, shapes):
+    streamed_cfg, memory_cfg = configs(tmp_path, shapes, "target=pattern")
+    parts, memory_parts = build_parts(streamed_cfg), build_parts(memory_cfg)
+    problem = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
+    memory = dataset_problem(memory_cfg, memory_parts.dataset, memory_parts.reference)
+    cache = tmp_path / "cache"
+    assert len(list(cache.glob("explanations-*.npy"))) == 4  # train and test: heatmaps and logits
+    maps, logits = problem.explanations["test"]
+    assert isinstance(maps, np.memmap) and maps.shape == (60, 32, 32, 1) and logits.shape == (60, 3)
+    # The in-memory path explains the .npz's identical images in the same batches of 256:
+    # measured equal bit for bit, heatmaps and logits, on both splits.
+    np.testing.assert_array_equal(maps, memory.test_maps)
+    np.testing.assert_array_equal(logits, memory.test_logits)
+    np.testing.assert_array_equal(problem.explanations["train"][1], memory.train_logits)
+    # Reused, not recomputed: an entry overwritten with a marker comes back as the marker.
+    entry = next(cache.glob("explanations-test-*.maps.npy"))
+    marked = np.full(maps.shape, 7.0, np.float32)
+    del problem, maps, logits
+    np.save(entry, marked)
+    again = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
+    assert np.all(next(again.test_batches(parts.dataset)).reference_maps == 7.0)
+    assert len(list(cache.glob("explanations-*.npy"))) == 4
+    # Another rule, or other reference weights: other entries, never the stale one.
+    other_rule, _ = configs(tmp_path, shapes, "target=pattern", "lrp.epsilon=0.5")
+    other = dataset_problem(other_rule, parts.dataset, parts.reference)
+    assert not np.any(other.explanations["test"][0] == 7.0) and len(list(cache.glob("explanations-*.npy"))) == 8
+    parts.reference.weights[0].assign(parts.reference.weights[0] * 1.01)
+    retrained = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
+    assert not np.any(retrained.explanations["test"][0] == 7.0) and len(list(cache.glob("explanations-*.npy"))) == 12
+    assert not list(cache.glob(".*"))  # no temporary file left behind
 
 
 def test_a_streamed_dataset_run_gives_the_in_memory_runs_metrics(tmp_path, shapes):
@@ -103,9 +135,27 @@ def test_a_streamed_dataset_run_gives_the_in_memory_runs_metrics(tmp_path, shape
     streamed, memory = metrics["folder"], metrics["npz"]
     assert streamed["steps"] == memory["steps"] == 2 * 4  # 240 training images in 4 batches of 64 (the last of 48)
     assert streamed["manipulated_test_images"] == memory["manipulated_test_images"] == 60
+    assert streamed["evaluation_seconds"] > 0 and memory["evaluation_seconds"] > 0  # reported by both (its value is a time: not compared)
     for key in ("initial_cosine", "cosine", "ssim", "pearson", "spearman", "student_accuracy", "agreement", "reference_accuracy"):
         # Measured: every value equal (bit for bit) after the 8 steps; the margin is for another
         # CPU's rounding, far below the changes training makes (the cosine moves by 8e-3).
+        assert streamed[key] == pytest.approx(memory[key], abs=1e-6), key
+
+
+def test_early_stopping_on_a_streamed_folder_gives_the_in_memory_runs_choice_and_metrics(tmp_path, shapes):
+    # Loose admissibility so that training epochs compete with the start, not only the start itself.
+    overrides = ("target=pattern", "task.epochs=2", "task.batch_size=64", "task.early_stopping=true", "task.min_agreement=0.5",
+                 "task.max_accuracy_drop=0.5", "optimizer.lr=3e-3")
+    metrics = {}
+    for cfg in configs(tmp_path, shapes, *overrides):
+        run(cfg)
+        metrics[cfg.data.name] = json.load(open(f"{cfg.paths.output_dir}/metrics.json"))
+    streamed, memory = metrics["folder"], metrics["npz"]
+    assert streamed["steps"] == memory["steps"] == 2 * 4  # the 204 fit images of 240 in 4 batches of 64
+    assert streamed["best_epoch"] == memory["best_epoch"]
+    # Measured: equal bit for bit (the same images, weights and batches); the margin is for another CPU's rounding.
+    assert streamed["best_validation_cosine"] == pytest.approx(memory["best_validation_cosine"], abs=1e-6)
+    for key in ("initial_cosine", "cosine", "student_accuracy", "agreement"):
         assert streamed[key] == pytest.approx(memory[key], abs=1e-6), key
 
 

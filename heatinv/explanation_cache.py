@@ -1,0 +1,121 @@
+"""The frozen reference's explanations of a streamed split, computed once and kept on disk.
+
+The dataset task compares the student with targets made from the reference's heatmaps. For
+an image folder these used to be recomputed from the decoded images at every pass (every
+epoch's held-out evaluation, every training batch), although the reference never changes.
+Here each split's heatmaps and logits are computed in one pass and written to the cache as
+two ``.npy`` files, read back memory-mapped: a batch reads its own rows, so the split is
+never held in memory whole, however large the folder.
+
+The entry's name is a digest of everything the numbers depend on: the reference's
+architecture and weights, the LRP settings (composite, box, epsilon, gamma, output, the
+channel sum) and the split's files (path, size, modification time), image size and labels.
+Another reference, rule or changed file gives another entry, never a stale one; the same run
+resumed, or another run of the same reference and rule (say with another learning rate),
+reuses it. Both files are written under temporary names and renamed into place (the logits
+first, the heatmaps last, and a reader needs both), so a crash or a parallel writer never
+leaves half an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import keras
+import numpy as np
+
+from heatinv.atomic import atomic_path
+from heatinv.data import Dataset, reading
+from heatinv.progress import Progress
+
+BATCH_SIZE = 256  # as explain_all's: the same batches give the in-memory path's numbers bit for bit
+
+
+def split_fingerprint(dataset: Dataset, split: str) -> str:
+    """A digest of an image folder's split without reading it: its files (path, size, time), image size and labels.
+
+    Example:
+    >>> split_fingerprint(load_folder("shapes/", (32, 32), 0.2), "test")  # doctest: +SKIP
+    '3f0c...'
+    """
+    files, labels = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
+    digest = hashlib.sha256(repr(files.image_size).encode())
+    for path in files.paths:
+        status = os.stat(path)
+        digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+    digest.update(np.asarray(labels, np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def model_fingerprint(model: keras.Model) -> str:
+    """A digest of a model's architecture (its JSON) and every weight's values."""
+    digest = hashlib.sha256(model.to_json().encode())
+    for weight in model.weights:
+        value = np.asarray(weight)
+        digest.update(f"{weight.path}{value.shape}{value.dtype}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def entry_paths(cache_dir: str, explainer, dataset: Dataset, split: str, lrp_settings: dict) -> tuple[str, str]:
+    """``(heatmaps .npy, logits .npy)``: where the reference's explanations of ``split`` are kept."""
+    key = {
+        "reference": model_fingerprint(explainer.model),
+        "explainer": type(explainer).__name__,  # LRP, or ChannelSumLRP (colour maps summed over channels)
+        "lrp": lrp_settings,
+        "split": split,
+        "files": split_fingerprint(dataset, split),
+        "batch_size": BATCH_SIZE,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    stem = os.path.join(cache_dir, f"explanations-{split}-{digest}")
+    return f"{stem}.maps.npy", f"{stem}.logits.npy"
+
+
+def cached_explanations(explain, explainer, dataset: Dataset, split: str, cache_dir: str, lrp_settings: dict):
+    """The reference's ``(heatmaps, logits)`` of every image of ``split``, memory-mapped from the cache.
+
+    Args:
+        explain: the compiled ``(images, labels) -> (heatmaps, logits)`` of ``explainer``.
+        explainer: the reference's explainer (its model and class enter the cache key).
+        dataset: a streamed image folder.
+        split: ``"train"`` or ``"test"``.
+        cache_dir: where the entry is kept (``paths.cache_dir``).
+        lrp_settings: the ``lrp`` config group, resolved (enters the cache key).
+
+    Returns:
+        Two read-only ``np.memmap`` arrays, ``[N, *heatmap shape]`` and ``[N, classes]``, in split order.
+
+    Example:
+    >>> maps, logits = cached_explanations(explain, explainer, dataset, "test", "outputs/cache", {...})  # doctest: +SKIP
+    >>> maps[10:20].shape  # reads only these rows  # doctest: +SKIP
+    (10, 32, 32, 1)
+    """
+    maps_path, logits_path = entry_paths(cache_dir, explainer, dataset, split, lrp_settings)
+    if not (os.path.isfile(maps_path) and os.path.isfile(logits_path)):
+        _write_entry(explain, dataset, split, maps_path, logits_path)
+    return np.load(maps_path, mmap_mode="r"), np.load(logits_path, mmap_mode="r")
+
+
+def _write_entry(explain, dataset: Dataset, split: str, maps_path: str, logits_path: str) -> None:
+    """One pass over ``split``, each batch's explanations written into the two files' rows as they come."""
+    files, labels = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
+    count = len(labels)
+    progress = Progress(f"explaining the {'held-out' if split == 'test' else 'training'} images once (cached)", count, "images")
+    maps = logits = None
+    with atomic_path(maps_path) as maps_tmp, atomic_path(logits_path) as logits_tmp, reading(files):
+        done = 0
+        for x, batch_labels in dataset.batches(split, BATCH_SIZE).prefetch(2):
+            batch_maps, batch_logits = (value.numpy() for value in explain(x, batch_labels))
+            if maps is None:  # the shapes are known from the first batch
+                maps = np.lib.format.open_memmap(maps_tmp, "w+", np.float32, (count, *batch_maps.shape[1:]))
+                logits = np.lib.format.open_memmap(logits_tmp, "w+", np.float32, (count, *batch_logits.shape[1:]))
+            maps[done : done + len(batch_maps)] = batch_maps
+            logits[done : done + len(batch_maps)] = batch_logits
+            done += len(batch_maps)
+            progress.update(done)
+        maps.flush()
+        logits.flush()
+        del maps, logits  # closes the mappings before the files are renamed
