@@ -79,6 +79,23 @@ def test_suppress_targets_empty_the_top_k_pixels_and_keep_the_total(maps):
         top = np.argsort(-flat)[:30]
         assert np.all(target[top] == 0) and np.count_nonzero(target) == flat.size - 30
         np.testing.assert_allclose(target.sum(), flat.sum(), rtol=1e-4)
+        # All relevance positive: the rest keep their shares.
+        rest = np.delete(np.arange(flat.size), top)
+        np.testing.assert_allclose(target[rest] / target.sum(), flat[rest] / flat[rest].sum(), rtol=1e-4)
+
+
+def test_suppress_targets_give_the_removed_total_to_the_rests_positive_relevance_and_flip_no_sign():
+    # A sign-mixed map whose two top pixels hold more than its total (6.5): the rest sums to
+    # -1.5, so scaling the whole rest to the total would flip every sign. By hand: the removed
+    # 8 goes to the rest's positive 1.5 (1 and 0.5), each times 1 + 8 / 1.5 = 19 / 3; -2 and
+    # -1 stay; the total is 19 / 3 * 1.5 - 3 = 6.5.
+    heatmap = np.array([5.0, 3.0, -2.0, 1.0, -1.0, 0.5], "float32").reshape(1, 2, 3, 1)
+    targets, _ = dataset_targets("suppress", np.array([0]), heatmap, top_k=2)
+    np.testing.assert_allclose(targets.ravel(), [0.0, 0.0, -2.0, 19 / 3, -1.0, 19 / 6], rtol=1e-6)
+    # Nothing positive left: nothing to give the removed total to; the rest stays as it was.
+    only_negative_rest = np.array([4.0, -1.0], "float32").reshape(1, 1, 2, 1)
+    targets, _ = dataset_targets("suppress", np.array([0]), only_negative_rest, top_k=1)
+    np.testing.assert_array_equal(targets.ravel(), [0.0, -1.0])
 
 
 def test_unknown_dataset_target_is_refused(maps):

@@ -171,6 +171,30 @@ def test_dataset_task_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_pa
     assert_same_final_metrics(dataset.root / "killed", dataset.metrics, FINAL_DATASET)
 
 
+# Early stopping whose best epoch comes before the kill: at lr 0.03 the smoke reference's
+# student keeps a validation agreement of 0.37 after epoch 1 and 0.20 after epochs 2 and 3
+# (measured), so with task.min_agreement=0.3 only epoch 1 qualifies. A resumed run that lost
+# epoch 1's validation scores or weights would end at epoch 0 (the reference) or epoch 3.
+EARLY_STOPPING = [
+    "experiment=pattern_frame_mlp", "task.epochs=3", "task.early_stopping=true", "optimizer.lr=0.03",
+    "task.min_agreement=0.3", "task.max_accuracy_drop=1", "trainer.checkpoint_every=4",
+]
+
+
+@pytest.mark.slow
+def test_early_stopping_resumed_after_its_best_epoch_restores_the_same_epoch(tmp_path_factory, reference_cache):
+    stopping = Baseline(tmp_path_factory.mktemp("early-stopping"), reference_cache, EARLY_STOPPING)
+    assert stopping.metrics["best_epoch"] == 1  # the case this test is about (see EARLY_STOPPING)
+    killed = stopping.run("killed", signal_at="13:SIGKILL")  # epoch 2's 4th batch: 9 batches of 128 per epoch
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = stopping.run("killed", "trainer.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "after step 12 of 27" in resumed.stdout
+    assert_same_final_metrics(
+        stopping.root / "killed", stopping.metrics, FINAL_DATASET + ("agreement", "best_epoch", "best_validation_cosine")
+    )
+
+
 def test_guard_run_directory(tmp_path):
     guard_run_directory(str(tmp_path), resume=False, overwrite=False)  # empty: fine
     (tmp_path / "metrics.json").write_text("{}")
