@@ -372,12 +372,45 @@ def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...
     spatial = len(window)
     sizes = a.shape[1 : 1 + spatial]
     outputs = [size // w for size, w in zip(sizes, window)]
-    channels = a.shape[-1]
     cropped = a[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(outputs, window))]
+    if spatial == 2 and window[0] == window[1]:
+        routed = _route_in_depth(cropped, relevance, window[0])
+    else:
+        routed = _route_by_argmax(cropped, relevance, window)
+    padding = [[0, 0]] + [[0, size - o * w] for size, o, w in zip(sizes, outputs, window)] + [[0, 0]]
+    return tf.pad(routed, padding)
+
+
+def _route_in_depth(a: tf.Tensor, relevance: tf.Tensor, size: int) -> tf.Tensor:
+    """Square 2-D windows: ``space_to_depth`` lays each window's inputs side by side (row-major).
+
+    The first input equal to its window's maximum takes the relevance, and
+    ``depth_to_space`` puts the pieces back in place. Four-dimensional ops only: on the
+    cnn at batch 64 this took half the CPU time of :func:`_route_by_argmax`, whose six-
+    dimensional transposes and ``argmax`` over the window dominated the heatmap (with XLA
+    the two are within 1.3x of each other, both fast).
+    """
+    candidates = tf.split(tf.nn.space_to_depth(a, size), size * size, axis=-1)
+    best = functools.reduce(tf.maximum, candidates)
+    taken = tf.zeros_like(best, dtype=tf.bool)
+    pieces = []
+    for candidate in candidates[:-1]:
+        wins = tf.logical_and(tf.equal(candidate, best), tf.logical_not(taken))
+        pieces.append(tf.where(wins, relevance, tf.zeros_like(relevance)))
+        taken = tf.logical_or(taken, wins)
+    pieces.append(tf.where(taken, tf.zeros_like(relevance), relevance))  # the last input, where none before won
+    return tf.nn.depth_to_space(tf.concat(pieces, axis=-1), size)
+
+
+def _route_by_argmax(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
+    """Any window shape: ``argmax`` over each window's inputs, gathered by transposes."""
+    spatial = len(window)
+    outputs = [size // w for size, w in zip(a.shape[1 : 1 + spatial], window)]
+    channels = a.shape[-1]
     # [B, o1, w1, o2, w2, ..., C] -> [B, o1, o2, ..., C, w1 * w2 * ...]
     split = [-1] + [d for o, w in zip(outputs, window) for d in (o, w)] + [channels]
     order = [0] + [1 + 2 * i for i in range(spatial)] + [1 + 2 * spatial] + [2 + 2 * i for i in range(spatial)]
-    windows = tf.transpose(tf.reshape(cropped, split), order)
+    windows = tf.transpose(tf.reshape(a, split), order)
     area = 1
     for w in window:
         area *= w
@@ -386,9 +419,7 @@ def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...
     routed = winners * relevance[..., None]
     routed = tf.reshape(routed, tf.concat([tf.shape(routed)[: spatial + 2], window], axis=0))
     inverse = [0] + [x for i in range(spatial) for x in (1 + i, spatial + 2 + i)] + [1 + spatial]
-    routed = tf.reshape(tf.transpose(routed, inverse), [-1] + [o * w for o, w in zip(outputs, window)] + [channels])
-    padding = [[0, 0]] + [[0, size - o * w] for size, o, w in zip(sizes, outputs, window)] + [[0, 0]]
-    return tf.pad(routed, padding)
+    return tf.reshape(tf.transpose(routed, inverse), [-1] + [o * w for o, w in zip(outputs, window)] + [channels])
 
 
 # Merge rules: a node that combines several tensors hands each operand its share of ``R``.
