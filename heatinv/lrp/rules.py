@@ -355,8 +355,8 @@ def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tens
     """Max pooling: each output's relevance goes to the input that won the max.
 
     When the windows tile the input (``pool.window`` is set: stride equal to pool size),
-    the winners are picked with ``argmax`` and relevance is placed with a product, so the
-    second derivative is exact everywhere. XLA's float32 kernel for the second derivative of
+    the winners are picked by comparisons (square 2-D windows) or ``argmax`` (any other)
+    and relevance is placed with a selection, so the second derivative is exact everywhere. XLA's float32 kernel for the second derivative of
     max pooling (``MaxPoolGradGrad``) packs values into 16 bits and was measured 10 % off,
     and it has no float64 kernel at all. Overlapping windows fall back to max pooling's own
     gradient.
