@@ -231,12 +231,16 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
     ``z = a W - l W+ - h W-``, ``R_in = (a W^T - l W+^T - h W-^T) R / stab(z)``.
     """
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
-    # The terms of z as (input, kernel) pairs: a W + (-l) W+ + (-h) W-. A bound known to be
-    # exactly zero when tracing (a number, as low = 0 for images in [0, 1]) contributes exactly
-    # zero to z and to R_in, so its products are skipped: a third of the first layer's work.
-    terms = [(a, kernel)] + [(-_broadcast(bound, a), w) for bound, w in ((low, w_pos), (high, w_neg)) if not known_zero(bound)]
-    inputs, kernels = [x for x, _ in terms], [w for _, w in terms]
+    # z = a W + (-l) W+ + (-h) W-, one (input, kernel) pair per term. A bound known to be zero
+    # when tracing (a number: low = 0 for images in [0, 1]) adds exactly zero to z and to R_in,
+    # so its term is skipped: a third of the first layer's work.
+    inputs, kernels = [a], [kernel]
+    for bound, bound_kernel in ((low, w_pos), (high, w_neg)):
+        if not known_zero(bound):
+            inputs.append(-_broadcast(bound, a))
+            kernels.append(bound_kernel)
     s = relevance / stabilize(affine_sum(layer, inputs, kernels), STABILIZER)
+    # R_in = a W^T s + (-l) W+^T s + (-h) W-^T s
     return tf.add_n([x * to_x for x, to_x in zip(inputs, transpose_each(layer, s, kernels, a))])
 
 
