@@ -16,8 +16,8 @@ import tensorflow as tf
 import numpy_graph
 from heatinv.lrp import LRP, UnsupportedLayerError, relevance
 from heatinv.lrp.canonize import Merge, canonize
-from heatinv.lrp.propagate import forward, nonnegative_steps
-from heatinv.lrp.rules import concatenation_rule, product_rule, sum_rule
+from heatinv.lrp.propagate import carry_bounds, forward, nonnegative_steps
+from heatinv.lrp.rules import concatenation_rule, known_zero, product_rule, sum_rule
 
 L = keras.layers
 
@@ -550,3 +550,25 @@ def test_nonnegative_steps_by_hand():
     steps = canonize(keras.Model(inputs, outputs))
     names = {steps[i].name for i in nonnegative_steps(steps)}
     assert names == {"relu_conv", "pool", "relu6", "add"}
+
+
+def test_a_zero_bound_reaches_the_first_layers_as_a_number(rng):
+    """``low = 0`` passes padding as the number 0 (zbox skips its term); rescaling makes it a tensor.
+
+    The heatmaps with the term skipped are checked against the NumPy reference and Zennit
+    (``epsilon_gamma_box`` with its default ``low = 0``); this checks the skip is seen at all.
+    """
+    inputs = keras.Input((4, 4, 1))
+    padded = L.Conv2D(2, 3, name="after_padding")(L.ZeroPadding2D(1)(inputs))
+    rescaled = L.Conv2D(2, 3, padding="same", name="after_rescaling")(L.Rescaling(2.0, -1.0)(inputs))
+    model = keras.Model(inputs, L.Dense(2)(L.Flatten()(L.Concatenate()([padded, rescaled]))))
+    steps = canonize(model)
+    x = tf.constant(rng.uniform(size=(2, 4, 4, 1)), tf.float32)
+    bounds = {steps[i].name: box for i, box in carry_bounds(steps, x, 0.0, 1.0).items()}
+    low, high = bounds["after_padding"]
+    assert known_zero(low) and low == 0.0
+    assert tf.is_tensor(high) and high.shape == (2, 6, 6, 1) and float(tf.reduce_max(high)) == 1.0
+    low, high = bounds["after_rescaling"]  # 2 * 0 - 1: no longer zero
+    assert tf.is_tensor(low) and float(tf.reduce_max(low)) == -1.0
+    low, high = {steps[i].name: box for i, box in carry_bounds(steps, x, 0.5, 1.0).items()}["after_padding"]
+    assert tf.is_tensor(low) and not known_zero(low)

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import numpy_lrp as ref
 from heatinv.layers import SoftplusBeta
+from heatinv.lrp.rules import winner_takes_all
 
 # ---------------------------------------------------------------------------
 # Helpers
@@ -794,3 +795,31 @@ def test_engine_float64_is_float64_throughout(cases: dict[str, Case], cid: str, 
     scale = float(np.max(np.abs(want)))
     err = float(np.max(np.abs(got - want)))
     assert err <= 1e-12 * scale, f"{cid}: max abs diff {err:.3e} = {err / scale:.1e} * max|R|"
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype) -> None:
+    """Winner-takes-all with tied maxima, worked out by hand: the window's first maximal input
+    (row-major) takes all of its output's relevance; the row and column that no 2x2 window
+    covers get none."""
+    a = tf.constant(
+        [
+            [1, 1, 0, 0, 9],  # windows: [[1, 1], [0, 1]] -> (0, 0); [[0, 0], [0, 0]] -> (0, 2)
+            [0, 1, 0, 0, 9],
+            [0, 2, 3, 3, 9],  # [[0, 2], [2, 0]] -> (2, 1); [[3, 3], [3, 5]] -> (3, 3)
+            [2, 0, 3, 5, 9],
+            [9, 9, 9, 9, 9],  # outside every window
+        ],
+        dtype,
+    )[None, :, :, None]
+    relevance = tf.constant([[10, 20], [30, 40]], dtype)[None, :, :, None]
+
+    def pool(x):
+        return tf.nn.max_pool2d(x, 2, 2, "VALID")
+
+    pool.window = (2, 2)
+    want = np.zeros((5, 5))
+    want[0, 0], want[0, 2], want[2, 1], want[3, 3] = 10, 20, 30, 40
+    got = winner_takes_all(a, relevance, pool)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got[0, :, :, 0].numpy(), want)

@@ -27,7 +27,7 @@ from heatinv.lrp.canonize import (
 )
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
-from heatinv.lrp.rules import adjoint, concatenation_rule, norm, product_rule, sum_rule, winner_takes_all
+from heatinv.lrp.rules import adjoint, concatenation_rule, known_zero, norm, product_rule, sum_rule, winner_takes_all
 
 OUTPUTS = ("logit", "activation")
 
@@ -158,7 +158,7 @@ def _is_relu(layer) -> bool:
     return isinstance(layer, keras.layers.Activation) and layer.activation in _RELUS
 
 
-def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple[tf.Tensor, tf.Tensor]]:
+def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]:
     """The input box ``[low, high]`` carried to the input of every first Linear step.
 
     The bounds, given in the model's input space, pass through the steps before the first
@@ -167,16 +167,24 @@ def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple[
     (a negative scale swaps them; padding adds zeros to both). Sums and concatenations
     combine the bounds of their operands.
 
+    A bound given as zero (a number or array, e.g. ``low = 0`` for images in ``[0, 1]``)
+    reaches a first Linear step as the number ``0.0`` where every step on the way maps zeros
+    to zeros (reshapes, padding, cropping, permutations, pooling), so that the zbox rule
+    sees when tracing that its term is zero (:func:`heatinv.lrp.rules.known_zero`).
+
     Returns:
-        ``{step index: (low, high)}`` for every first Linear step.
+        ``{step index: (low, high)}`` for every first Linear step: tensors shaped like that
+        step's input, or ``0.0``.
     """
     box = {MODEL_INPUT: (tf.convert_to_tensor(low, x.dtype) + tf.zeros_like(x), tf.convert_to_tensor(high, x.dtype) + tf.zeros_like(x))}
+    zero = {MODEL_INPUT: (known_zero(low), known_zero(high))}
     at_first = {}
     for i, step in enumerate(steps):
         if not all(source in box for source in step.sources):
             continue
         if isinstance(step, Linear):
-            at_first[i] = box[step.sources[0]]
+            source = step.sources[0]
+            at_first[i] = tuple(0.0 if is_zero else bound for bound, is_zero in zip(box[source], zero[source]))
             continue
         lows = [box[source][0] for source in step.sources]
         highs = [box[source][1] for source in step.sources]
@@ -190,6 +198,8 @@ def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple[
         else:
             images = step(lows[0]), step(highs[0])
         box[i] = (tf.minimum(*images), tf.maximum(*images))
+        keeps_zeros = isinstance(step, (Reshape, Rearrange, Pool))
+        zero[i] = tuple(keeps_zeros and zero[step.sources[0]][k] for k in (0, 1))
     return at_first
 
 
