@@ -823,3 +823,26 @@ def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype) -> 
     got = winner_takes_all(a, relevance, pool)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got[0, :, :, 0].numpy(), want)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("size", [1, 3])
+def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dtype, size) -> None:
+    """Windows of 1x1 (the identity) and 3x3 over three channels, an odd input size (cropped
+    at the bottom and right), against a plain loop over the windows; integer values give ties."""
+    rng = np.random.default_rng(size)
+    a = rng.integers(0, 4, size=(2, 7, 8, 3)).astype(np.float64)
+    rows, cols = 7 // size, 8 // size
+    relevance = rng.normal(size=(2, rows, cols, 3))
+    want = np.zeros_like(a)
+    for b, i, j, c in np.ndindex(2, rows, cols, 3):
+        window = a[b, i * size : (i + 1) * size, j * size : (j + 1) * size, c]
+        first = np.argmax(window)  # numpy's argmax: the first maximal entry, row-major
+        want[b, i * size + first // size, j * size + first % size, c] = relevance[b, i, j, c]
+
+    def pool(x):
+        return tf.nn.max_pool2d(x, size, size, "VALID")
+
+    pool.window = (size, size)
+    got = winner_takes_all(tf.constant(a, dtype), tf.constant(relevance, dtype), pool)
+    np.testing.assert_array_equal(got.numpy(), want.astype(dtype.as_numpy_dtype))

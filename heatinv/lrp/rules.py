@@ -251,7 +251,7 @@ def known_zero(bound) -> bool:
     >>> known_zero(0.0), known_zero(np.zeros(3)), known_zero(1.0), known_zero(tf.zeros([3]))
     (True, True, False, False)
     """
-    return not tf.is_tensor(bound) and not np.any(bound)
+    return bound is not None and not tf.is_tensor(bound) and not np.any(bound)
 
 
 def _broadcast(bound, like: tf.Tensor) -> tf.Tensor:
@@ -359,11 +359,11 @@ def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tens
     """Max pooling: each output's relevance goes to the input that won the max.
 
     When the windows tile the input (``pool.window`` is set: stride equal to pool size),
-    the winners are picked by comparisons (square 2-D windows) or ``argmax`` (any other)
-    and relevance is placed with a selection, so the second derivative is exact everywhere. XLA's float32 kernel for the second derivative of
-    max pooling (``MaxPoolGradGrad``) packs values into 16 bits and was measured 10 % off,
-    and it has no float64 kernel at all. Overlapping windows fall back to max pooling's own
-    gradient.
+    the winners are picked by comparisons (square 2-D windows, float16/32) or ``argmax``
+    (any other) and relevance is placed with a selection, so the second derivative is exact
+    everywhere. XLA's float32 kernel for the second derivative of max pooling
+    (``MaxPoolGradGrad``) packs values into 16 bits and was measured 10 % off, and it has
+    no float64 kernel at all. Overlapping windows fall back to max pooling's own gradient.
     """
     window = getattr(pool, "window", None)
     if window is None:
@@ -377,7 +377,9 @@ def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...
     sizes = a.shape[1 : 1 + spatial]
     outputs = [size // w for size, w in zip(sizes, window)]
     cropped = a[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(outputs, window))]
-    if spatial == 2 and window[0] == window[1]:
+    # space_to_depth needs a block of at least 2, and TensorFlow's GPU kernels of it take
+    # float16/32 only (float64 would run on the CPU, copied there and back, in every heatmap).
+    if spatial == 2 and window[0] == window[1] > 1 and a.dtype in (tf.float16, tf.float32):
         routed = _route_in_depth(cropped, relevance, window[0])
     else:
         routed = _route_by_argmax(cropped, relevance, window)
