@@ -9,8 +9,11 @@ never held in memory whole, however large the folder.
 
 The entry's name is a digest of everything the numbers depend on: the reference's
 architecture and weights, the LRP settings (composite, box, epsilon, gamma, output, the
-channel sum) and the split's files (path, size, modification time), image size and labels.
-Another reference, rule or changed file gives another entry, never a stale one; the same run
+channel sum), the split's files (path, size, modification time), image size and labels, and
+the code (the LRP engine's, the decoder's and the channel sum's source, TensorFlow's and
+Keras's versions). Another reference, rule, changed file or changed engine gives another
+entry, never a stale one (a file rewritten with the same size and time, as ``cp -p`` can
+leave it, is not noticed: touch it, or empty the cache); the same run
 resumed, or another run of the same reference and rule (say with another learning rate),
 reuses it. Both files are written under temporary names and renamed into place (the logits
 first, the heatmaps last, and a reader needs both), so a crash or a parallel writer never
@@ -19,6 +22,7 @@ leaves half an entry.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -59,9 +63,29 @@ def model_fingerprint(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
+def code_fingerprint() -> str:
+    """A digest of the code the cached numbers come from: the LRP engine, the image decoder
+    and the channel sum (their source files), and the TensorFlow and Keras versions.
+
+    A fix to a rule or to decoding then makes new entries instead of reusing old numbers.
+    """
+    import tensorflow as tf
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    sources = sorted(glob.glob(os.path.join(package, "lrp", "*.py"))) + [
+        os.path.join(package, name) for name in ("data.py", "channel_sum.py")
+    ]
+    digest = hashlib.sha256(f"{tf.__version__} {keras.__version__}".encode())
+    for path in sources:
+        with open(path, "rb") as source:
+            digest.update(source.read())
+    return digest.hexdigest()
+
+
 def entry_paths(cache_dir: str, explainer, dataset: Dataset, split: str, lrp_settings: dict) -> tuple[str, str]:
     """``(heatmaps .npy, logits .npy)``: where the reference's explanations of ``split`` are kept."""
     key = {
+        "code": code_fingerprint(),
         "reference": model_fingerprint(explainer.model),
         "explainer": type(explainer).__name__,  # LRP, or ChannelSumLRP (colour maps summed over channels)
         "lrp": lrp_settings,
@@ -116,6 +140,8 @@ def _write_entry(explain, dataset: Dataset, split: str, maps_path: str, logits_p
             logits[done : done + len(batch_maps)] = batch_logits
             done += len(batch_maps)
             progress.update(done)
+        if done != count:  # the pipeline gave fewer images than the split holds: never rename a short entry
+            raise RuntimeError(f"heatinv: explained {done} of the {count} images of the {split} split; the cache entry was not written.")
         maps.flush()
         logits.flush()
         del maps, logits  # closes the mappings before the files are renamed

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from conftest import compose_run, train_command
 from drawn_shapes import write_folder
-from heatinv import data
+from heatinv import data, explanation_cache
 from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem, single_target
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 from heatinv.manipulate import DatasetTask, epoch_order
@@ -94,7 +94,7 @@ def test_streamed_targets_equal_the_in_memory_ones(tmp_path, shapes, target):
     assert memory.test_chosen.sum() == (60 if target[0] != "target=swap" else np.isin(memory_parts.dataset.y_test, [1, 2]).sum())
 
 
-def test_the_references_explanations_are_computed_once_per_split_and_reused_from_the_cache(tmp_path, shapes):
+def test_the_references_explanations_are_computed_once_per_split_and_reused_from_the_cache(tmp_path, shapes, monkeypatch):
     streamed_cfg, memory_cfg = configs(tmp_path, shapes, "target=pattern")
     parts, memory_parts = build_parts(streamed_cfg), build_parts(memory_cfg)
     problem = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
@@ -123,6 +123,10 @@ def test_the_references_explanations_are_computed_once_per_split_and_reused_from
     parts.reference.weights[0].assign(parts.reference.weights[0] * 1.01)
     retrained = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
     assert not np.any(retrained.explanations["test"][0] == 7.0) and len(list(cache.glob("explanations-*.npy"))) == 12
+    # Changed engine code (a fixed rule, another TensorFlow): other entries too.
+    monkeypatch.setattr(explanation_cache, "code_fingerprint", lambda: "another engine")
+    dataset_problem(streamed_cfg, parts.dataset, parts.reference)
+    assert len(list(cache.glob("explanations-*.npy"))) == 16
     assert not list(cache.glob(".*"))  # no temporary file left behind
 
 
