@@ -23,6 +23,9 @@ from heatinv.maps_io import read_map
 from heatinv.targets import pattern_map
 
 KINDS = ("pattern", "swap", "suppress") + FEATURE_KINDS
+MIN_RECEIVING_SHARE = 1e-3
+"""``suppress``: the rest's positive relevance receives the removed total only where it is at
+least this share of it (a gain of at most 1000)."""
 
 
 def _unit_sum(heatmap: np.ndarray) -> np.ndarray:
@@ -62,7 +65,8 @@ def dataset_targets(
         like_mean: for ``swap``: that mean itself, computed beforehand (for batches of a
             streamed image folder); it replaces ``like_heatmaps``.
         top_k: for ``suppress``: how many of the most relevant pixels to empty (where the rest
-            holds no positive relevance, it stays as it is and the total is not kept).
+            holds no positive relevance, or less than :data:`MIN_RECEIVING_SHARE` of the
+            removed total, it stays as it is and the total is not kept).
         feature, like_feature: for ``suppress_feature`` / ``swap_features`` (tables): the feature
             whose relevance goes, and the one that receives it (see :mod:`heatinv.feature_targets`).
 
@@ -112,6 +116,10 @@ def dataset_targets(
         positive = np.clip(kept, 0.0, None)
         positive_totals = positive.sum(axis=1, keepdims=True)
         removed = flat.sum(axis=1, keepdims=True) - kept.sum(axis=1, keepdims=True)
-        gain = np.divide(removed, positive_totals, out=np.zeros_like(positive_totals), where=positive_totals > 0)
+        # Where the rest holds (almost) nothing positive, it stays as it is and the total is not
+        # kept: spreading the removed total over a few pixels of rounding noise would make
+        # them the target's peaks (the digits' heatmaps need gains of at most 7.4).
+        receivers = positive_totals > MIN_RECEIVING_SHARE * np.abs(removed)
+        gain = np.divide(removed, positive_totals, out=np.zeros_like(positive_totals), where=receivers)
         targets[chosen] = (kept + positive * gain).reshape(reference_heatmaps.shape)[chosen]
     return targets.astype(np.float32), chosen

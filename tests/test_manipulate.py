@@ -96,6 +96,11 @@ def test_suppress_targets_give_the_removed_total_to_the_rests_positive_relevance
     only_negative_rest = np.array([4.0, -1.0], "float32").reshape(1, 1, 2, 1)
     targets, _ = dataset_targets("suppress", np.array([0]), only_negative_rest, top_k=1)
     np.testing.assert_array_equal(targets.ravel(), [0.0, -1.0])
+    # A positive rest of 1e-7 against 8 removed (below the 1e-3 share): it is rounding noise,
+    # not a place to put 8 (it would become the target's peak); it stays as it was too.
+    noise_rest = np.array([5.0, 3.0, -2.0, 1e-7], "float32").reshape(1, 1, 4, 1)
+    targets, _ = dataset_targets("suppress", np.array([0]), noise_rest, top_k=2)
+    np.testing.assert_array_equal(targets.ravel(), np.array([0.0, 0.0, -2.0, 1e-7], "float32"))
 
 
 def test_unknown_dataset_target_is_refused(maps):
