@@ -133,7 +133,7 @@ def in_float64(model: keras.Model) -> keras.Model:
 def architecture(cfg) -> Architecture:
     """The ``model`` config group as an :class:`~heatinv.models.Architecture`."""
     m = cfg.model
-    return Architecture(m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2, m.beta)
+    return Architecture(m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2, m.beta, m.pool)
 
 
 def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:

@@ -36,6 +36,7 @@ class ModelConfig:
     filters: list[int] = field(default_factory=lambda: [16, 32])
     activation: str = "relu"  # relu | softplus
     beta: float = 10.0  # softplus sharpness: softplus(beta x) / beta
+    pool: str = "max"  # cnn: max | avg (2x2 pooling after each convolution) | strided (convolutions step by 2)
     output_activation: str = "linear"  # linear | relu | softmax
     l2: float = 1e-4
     reference_epochs: int = 20
@@ -145,6 +146,7 @@ CHOICES = {
     "data.name": DATASET_NAMES[:-2] + TABULAR_NAMES + ("csv",),
     "model.name": ("mlp", "cnn", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
+    "model.pool": ("max", "avg", "strided"),
     "model.output_activation": ("linear", "relu", "softmax"),
     "target.kind": ("class", "file", "pattern", "swap", "suppress", "suppress_feature", "swap_features"),
     "target.pattern": ("square", "cross", "frame", "file"),

@@ -38,6 +38,9 @@ APPLICATIONS = {
 }
 """``model.name`` -> the ``keras.applications`` constructor, built with ``weights=None`` (never downloaded)."""
 
+POOLING = {"max": keras.layers.MaxPooling2D, "avg": keras.layers.AveragePooling2D, "strided": None}
+"""``model.pool`` -> the cnn's 2x2 pooling layer; ``strided``: none, each convolution steps by 2 instead."""
+
 APPLICATION_MIN_SIZE = 32  # the smallest height and width keras.applications accept
 
 
@@ -52,6 +55,7 @@ class Architecture:
     output_activation: str = "linear"
     l2: float = 1e-4
     beta: float = 10.0  # sharpness of activation="softplus"
+    pool: str = "max"  # the cnn's downsampling: "max" or "avg" pooling, or "strided" convolutions
 
 
 def build_model(
@@ -60,7 +64,9 @@ def build_model(
     """A fresh, untrained model taking ``[batch, *input_shape]`` inputs and scoring ``num_classes`` classes.
 
     ``mlp``: Flatten -> Dense(hidden..., activation) -> Dense(classes, output_activation).
-    ``cnn``: Conv 3x3 -> MaxPool 2 -> Conv 3x3 -> MaxPool 2 -> Flatten -> Dense(classes).
+    ``cnn``: Conv 3x3 -> Pool 2 -> Conv 3x3 -> Pool 2 -> Flatten -> Dense(classes), the pooling
+    max (``pool="max"``) or average (``pool="avg"``); ``pool="strided"`` drops the pooling
+    and steps each convolution by 2 instead.
     ``activation="softplus"`` puts a :class:`~heatinv.layers.SoftplusBeta` (sharpness
     ``beta``) after each hidden layer instead of a ReLU. A name of :data:`APPLICATIONS`
     builds that Keras application (``weights=None``, linear logits).
@@ -79,6 +85,8 @@ def build_model(
             f"model=cnn needs images [H, W, C]; the data gives feature vectors of shape {input_shape}. "
             "Use model=mlp for a table."
         )
+    if arch.name == "cnn" and arch.pool not in POOLING:
+        raise ValueError(f"Unknown pooling {arch.pool!r} (model.pool); expected one of {list(POOLING)}.")
     regularizer = keras.regularizers.L2(arch.l2) if arch.l2 else None
     smooth = arch.activation == "softplus"
     hidden_activation = None if smooth else arch.activation
@@ -96,11 +104,14 @@ def build_model(
             layers += activated(dense, i)
     elif arch.name == "cnn":
         for i, filters in enumerate(arch.filters, 1):
+            pooling = POOLING[arch.pool]
             conv = keras.layers.Conv2D(
-                filters, 3, padding="same", activation=hidden_activation, kernel_regularizer=regularizer, name=f"conv_{i}"
+                filters, 3, strides=1 if pooling else 2, padding="same", activation=hidden_activation,
+                kernel_regularizer=regularizer, name=f"conv_{i}",
             )
             layers += activated(conv, i)
-            layers.append(keras.layers.MaxPooling2D(2, name=f"pool_{i}"))
+            if pooling:
+                layers.append(pooling(2, name=f"pool_{i}"))
         layers.append(keras.layers.Flatten(name="flatten"))
     else:
         raise ValueError(f"Unknown architecture {arch.name!r}; expected 'mlp', 'cnn' or one of {list(APPLICATIONS)}.")

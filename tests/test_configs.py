@@ -198,6 +198,7 @@ def test_out_of_range_value_fails_validate_naming_key(compose_train, override, k
         ("optimizer.name=rmsprop", "optimizer.name"),
         ("trainer.precision=float16", "trainer.precision"),
         ("trainer.jit_compile=maybe", "trainer.jit_compile"),
+        ("model.pool=median", "model.pool"),
     ],
 )
 def test_unknown_choice_fails_validate_naming_key_and_choices(compose_train, override, key):

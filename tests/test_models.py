@@ -87,6 +87,45 @@ def test_cnn_layout():
     assert model.layers[-1].kernel.shape == (7 * 7 * 8, 7)
 
 
+def test_cnn_average_pooling_takes_each_windows_mean():
+    model = build_model(Architecture("cnn", filters=(4, 8), pool="avg"), num_classes=7)
+    assert not any(isinstance(layer, keras.layers.MaxPooling2D) for layer in model.layers)
+    x = np.random.default_rng(1).uniform(size=(2, 28, 28, 1)).astype(np.float32)
+    conv = keras.Model(model.inputs, model.get_layer("conv_1").output)(x).numpy()
+    pooled = keras.Model(model.inputs, model.get_layer("pool_1").output)(x).numpy()
+    # NumPy: each 2x2 tile's mean. Measured max difference 0 (float32); 1e-6 allows other summation orders.
+    want = conv.reshape(2, 14, 2, 14, 2, 4).mean(axis=(2, 4))
+    np.testing.assert_allclose(pooled, want, rtol=0, atol=1e-6)
+    assert model.layers[-1].kernel.shape == (7 * 7 * 8, 7)
+
+
+def test_cnn_strided_convolutions_replace_the_pooling():
+    model = build_model(Architecture("cnn", filters=(4, 8), pool="strided"), num_classes=7)
+    assert not any(isinstance(layer, (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)) for layer in model.layers)
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert [tuple(layer.strides) for layer in convs] == [(2, 2), (2, 2)]
+    # 28 -> 14 -> 7 by the two strides: the classifier sees 7 * 7 * 8 features, as with pooling.
+    assert model.layers[-1].kernel.shape == (7 * 7 * 8, 7)
+    x = np.random.default_rng(2).uniform(size=(1, 28, 28, 1)).astype(np.float32)
+    first = keras.Model(model.inputs, model.get_layer("conv_1").output)(x).numpy()
+    # NumPy: the stride-1 "same" convolution (zero padding 1) sampled at every second pixel.
+    kernel, bias = (w.numpy() for w in convs[0].weights)
+    padded = np.pad(x[0, :, :, 0], 1)
+    full = np.stack([
+        sum(padded[i : i + 28, j : j + 28] * kernel[i, j, 0, f] for i in range(3) for j in range(3)) + bias[f]
+        for f in range(4)
+    ], axis=-1)
+    # Keras pads "same" with stride 2 on 28 pixels by 0 before and 1 after, so output k sees
+    # input rows 2k..2k+2, the stride-1 map's row 2k + 1 (row 2k is off by 0.43). Measured max
+    # difference 9e-8 (float32).
+    np.testing.assert_allclose(first[0], np.maximum(full[1::2, 1::2], 0), rtol=0, atol=1e-5)
+
+
+def test_unknown_pooling_is_refused():
+    with pytest.raises(ValueError, match="model.pool"):
+        build_model(Architecture("cnn", pool="median"))
+
+
 def test_l2_zero_means_no_regularizer():
     assert all(getattr(layer, "kernel_regularizer", None) is None for layer in build_model(Architecture(l2=0.0)).layers)
     assert build_model(Architecture(l2=1e-3)).layers[-1].kernel_regularizer is not None
@@ -176,6 +215,7 @@ def test_reference_cache_key_covers_the_config(dataset, tmp_path, count_fit):
         "seed": {"seed": 1},
         "hidden": {"arch": Architecture("mlp", hidden=(9,))},
         "output_activation": {"arch": Architecture("mlp", hidden=(8,), output_activation="relu")},
+        "pool": {"arch": Architecture("mlp", hidden=(8,), pool="avg")},
         "dataset": {"data": smaller},
     }
     for n, (what, change) in enumerate(changes.items(), start=1):
