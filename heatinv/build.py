@@ -303,13 +303,13 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     )
     description = f"{target.kind} ({'all classes' if classes is None else 'classes ' + str(classes)})"
     if dataset.streamed:
-        if target.kind == "swap":
-            options["like_mean"] = streamed_class_mean(explainer, dataset, target.like)
         explain = _compiled_explain(explainer, dataset.input_shape)
         lrp_settings = OmegaConf.to_container(cfg.lrp, resolve=True)
         explanations = {
             split: cached_explanations(explain, explainer, dataset, split, cfg.paths.cache_dir, lrp_settings) for split in ("train", "test")
         }
+        if target.kind == "swap":
+            options["like_mean"] = class_mean(explanations["train"][0], dataset.y_train, target.like)
         return StreamedProblem(explainer, target.kind, classes, options, description, explanations)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, test_logits = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
@@ -322,25 +322,20 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     )
 
 
-def streamed_class_mean(explainer: LRP, dataset: Dataset, label: int, batch_size: int = 256) -> np.ndarray:
-    """The reference's mean heatmap of the training images of class ``label``, from one pass over the batches.
+def class_mean(maps: np.ndarray, labels: np.ndarray, label: int, batch_size: int = 256) -> np.ndarray:
+    """The mean of ``maps`` (``[N, ...]``, e.g. a memory-mapped cache entry) over the images of class ``label``.
+
+    Summed in float64, ``batch_size`` rows at a time, so a memory-mapped split is never read whole.
 
     Example:
-    >>> mean = streamed_class_mean(explainer, load_folder("shapes/", (32, 32), 0.2), 0)  # doctest: +SKIP
+    >>> class_mean(np.arange(6.0).reshape(3, 2), np.array([0, 1, 0]), 0).tolist()
+    [2.0, 3.0]
     """
-    positions = np.flatnonzero(dataset.y_train == label)
+    positions = np.flatnonzero(labels == label)
     if len(positions) == 0:
         raise ValueError(f"target.like={label}: no training images of class {label} to take heatmaps from.")
-    explain = _compiled_explain(explainer, dataset.input_shape)
-    progress = Progress(f"explaining class {label} of the training set", len(positions), "images")
-    total, done = 0.0, 0
-    with reading(dataset.x_train):
-        for x, labels in dataset.batches("train", batch_size, positions):
-            maps, _ = explain(x, labels)
-            total = total + maps.numpy().astype(np.float64).sum(axis=0)
-            done += len(labels)
-            progress.update(done)
-    return (total / done).astype(np.float32)
+    total = sum(np.asarray(maps[positions[i : i + batch_size]], np.float64).sum(axis=0) for i in range(0, len(positions), batch_size))
+    return (total / len(positions)).astype(np.float32)
 
 
 def explain_all(

@@ -301,7 +301,10 @@ class DatasetTask:
                 f"trainer.strategy={cfg.trainer.strategy} is not available with an image folder (data=folder, streamed "
                 "batch by batch); use trainer.strategy=none, or save the images as an .npz (data=npz)."
             )
-        self.reference_classes = predicted_classes(parts.reference, data.x_test)
+        if self.streamed:  # the cache holds the reference's held-out logits: no second pass over the images
+            self.reference_classes = np.argmax(self.problem.explanations["test"][1], -1)
+        else:
+            self.reference_classes = predicted_classes(parts.reference, data.x_test)
         self.fit, self.validation = np.arange(len(data.y_train)), None
         if task.early_stopping:
             # The reference's own split: the validation images are new to both models.
