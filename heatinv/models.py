@@ -79,7 +79,8 @@ def build_model(
         keras.utils.set_random_seed(seed)
     input_shape = tuple(input_shape)
     if arch.name in APPLICATIONS:
-        return build_application(arch.name, input_shape, num_classes)
+        model = build_application(arch.name, input_shape, num_classes)
+        return smoothed(model, arch.beta) if arch.activation == "softplus" else model
     if arch.name == "cnn" and len(input_shape) != 3:
         raise ValueError(
             f"model=cnn needs images [H, W, C]; the data gives feature vectors of shape {input_shape}. "
@@ -141,6 +142,40 @@ def build_application(name: str, input_shape: tuple[int, ...], num_classes: int)
     return constructor(
         include_top=True, weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None
     )
+
+
+def smoothed(model: keras.Model, beta: float) -> keras.Model:
+    """``model`` with each ReLU layer (ReLU6 included) and ``Activation("relu")`` a :class:`~heatinv.layers.SoftplusBeta`.
+
+    A ReLU network's units that are off for an input give the heatmap's derivative nothing
+    to follow there: relevance cannot be moved into regions the features ignore (Anders et
+    al. 2020 manipulate softplus networks for this reason). The clone keeps the layers'
+    names and the count of weights; ReLU6's upper clip is dropped. A ReLU inside another
+    layer (``Conv2D(activation="relu")``, as in VGG) cannot be swapped one layer for one:
+    refused, naming the layer.
+
+    Example:
+    >>> model = smoothed(build_application("mobilenetv2", (32, 32, 3), 3), beta=10.0)
+    >>> sum(isinstance(layer, SoftplusBeta) for layer in model.layers)
+    35
+    """
+    for layer in model.layers:
+        inner = getattr(layer, "activation", None)
+        if not isinstance(layer, keras.layers.Activation) and getattr(inner, "__name__", "") == "relu":
+            raise ValueError(
+                f"model.activation=softplus: {model.name}'s layer {layer.name!r} applies its ReLU itself "
+                f"({type(layer).__name__}(activation='relu')), so it cannot be swapped for a softplus. Use "
+                "model.activation=relu with this model, or a model with separate ReLU layers (mobilenetv2, resnet50, "
+                "resnet50v2, densenet121)."
+            )
+
+    def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
+        relu = isinstance(layer, keras.layers.ReLU) or (
+            isinstance(layer, keras.layers.Activation) and getattr(layer.activation, "__name__", "") == "relu"
+        )
+        return SoftplusBeta(beta, name=layer.name) if relu else layer.__class__.from_config(layer.get_config())
+
+    return keras.models.clone_model(model, clone_function=swap)
 
 
 def load_model_file(path: str) -> keras.Model:

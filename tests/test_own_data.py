@@ -23,7 +23,8 @@ from heatinv.build import build_parts, explainer_for
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.feature_targets import feature_share, move_feature_relevance
 from heatinv.lrp import LRP
-from heatinv.models import APPLICATIONS, build_application
+from heatinv.layers import SoftplusBeta
+from heatinv.models import APPLICATIONS, Architecture, build_application, build_model
 from heatinv.targets import build_target, pattern_map
 from heatinv.train import run
 
@@ -176,6 +177,34 @@ def test_application_refuses_small_or_flat_inputs():
         build_application("resnet50", (28, 28, 1), 10)
     with pytest.raises(ValueError, match=r"\(30,\)"):
         build_application("vgg16", (30,), 2)
+
+
+@pytest.mark.parametrize("name", ["mobilenetv2", "resnet50"])
+def test_softplus_applications_swap_every_relu_layer_and_nothing_else(name):
+    plain = build_application(name, (32, 32, 3), 3)
+    smooth = build_model(Architecture(name, activation="softplus", beta=7.0), 3, input_shape=(32, 32, 3))
+    relus = [layer.name for layer in plain.layers if isinstance(layer, keras.layers.ReLU)
+             or (isinstance(layer, keras.layers.Activation) and layer.get_config()["activation"] == "relu")]
+    assert len(relus) == {"mobilenetv2": 35, "resnet50": 49}[name]  # the ReLU6 and ReLU layers Keras builds
+    swapped = {layer.name: layer for layer in smooth.layers if isinstance(layer, SoftplusBeta)}
+    assert sorted(swapped) == sorted(relus) and {layer.beta for layer in swapped.values()} == {7.0}
+
+    def kept(model):  # by type: Keras numbers unnamed layers (the pooling) per build
+        return [type(layer).__name__ for layer in model.layers if layer.name not in swapped]
+
+    assert kept(smooth) == kept(plain)
+    assert smooth.count_params() == plain.count_params()
+    # The swapped layer computes softplus(beta x) / beta of what the layer before it gives.
+    probe = swapped[relus[0]]
+    inner = keras.Model(smooth.inputs, [probe.input, probe.output])
+    x = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    before, after = (np.asarray(v, np.float64) for v in inner(x))
+    np.testing.assert_allclose(after, np.logaddexp(0.0, 7.0 * before) / 7.0, rtol=1e-5, atol=1e-6)
+
+
+def test_softplus_is_refused_for_a_relu_inside_a_convolution():
+    with pytest.raises(ValueError, match=r"'block1_conv1'.*Conv2D\(activation='relu'\).*model.activation=relu"):
+        build_model(Architecture("vgg16", activation="softplus"), 3, input_shape=(32, 32, 3))
 
 
 # --- bad input ------------------------------------------------------------------------------
