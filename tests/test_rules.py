@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import numpy_lrp as ref
 from heatinv.layers import SoftplusBeta
-from heatinv.lrp.rules import winner_takes_all
+from heatinv.lrp.rules import _route_to_winners, winner_takes_all
 
 # ---------------------------------------------------------------------------
 # Helpers
@@ -40,6 +40,11 @@ from heatinv.lrp.rules import winner_takes_all
 # measured with both implementations as they are: 1.1e-14 in float64 (wsquare on conv_gmax)
 # and 1.6e-6 in float32 (epsilon 0.05 on dense_rank). Tolerances about 10x above that.
 TOL = {np.float64: 1e-13, np.float32: 1e-5}
+# conv_gmax with z^B or w^2 on every layer is ill-conditioned (z^B puts the upper layers' ReLU
+# outputs into a box they leave, so z cancels): its float64 error is 1.1e-14, 100x the other
+# cases', and float32 gave 1.07e-5 (zbox), 1.08e-5 (zbox_dict) and 1.14e-5 (wsquare) on an
+# AMD EPYC, where the CPUs of the first measurement stayed below 1e-5.
+ILL_CONDITIONED_F32 = {("zbox", "conv_gmax"): 5e-5, ("zbox_dict", "conv_gmax"): 5e-5, ("wsquare", "conv_gmax"): 5e-5}
 DTYPES = [np.float64, np.float32]
 DTYPE_IDS = ["f64", "f32"]
 
@@ -51,14 +56,14 @@ def engine(model: keras.Model, x: np.ndarray, target: Any, **kw: Any) -> np.ndar
     return np.asarray(relevance(model, x, target, **kw))
 
 
-def assert_matches(r_eng: np.ndarray, r_ref: np.ndarray, dtype: type, what: str) -> None:
+def assert_matches(r_eng: np.ndarray, r_ref: np.ndarray, dtype: type, what: str, rel_tol: float | None = None) -> None:
     assert r_eng.shape == r_ref.shape, f"{what}: shape {r_eng.shape} != {r_ref.shape}"
     assert r_eng.dtype == np.dtype(dtype), f"{what}: dtype {r_eng.dtype} != {np.dtype(dtype)}"
     scale = float(np.max(np.abs(r_ref)))
     assert scale > 0, f"{what}: reference relevance is identically zero (vacuous test)"
     assert np.all(np.isfinite(r_eng)), f"{what}: engine returned non-finite values"
     err = float(np.max(np.abs(r_eng.astype(np.float64) - r_ref)))
-    tol = TOL[dtype] * scale
+    tol = (rel_tol or TOL[dtype]) * scale
     assert err <= tol, f"{what}: max abs diff {err:.3e} > tol {tol:.3e} (max|R_ref| = {scale:.3e})"
 
 
@@ -673,7 +678,8 @@ def test_engine_rule_everywhere(cases: dict[str, Case], rid: str, spec: Any, ext
     args = kw(c, **extra)
     want = ref.relevance(c.model, c.x, t, everywhere(spec), **args)
     got = engine(c.model, c.xs(dtype), t, composite=everywhere(spec), **args)
-    assert_matches(got, want, dtype, f"rule {rid} on {name}")
+    rel_tol = ILL_CONDITIONED_F32.get((rid, name)) if dtype is np.float32 else None
+    assert_matches(got, want, dtype, f"rule {rid} on {name}", rel_tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -797,8 +803,17 @@ def test_engine_float64_is_float64_throughout(cases: dict[str, Case], cid: str, 
     assert err <= 1e-12 * scale, f"{cid}: max abs diff {err:.3e} = {err / scale:.1e} * max|R|"
 
 
+# Both routings of max pooling: max pooling's own gradient (what the engine runs on a CPU outside
+# XLA) and the comparisons/argmax (under XLA or with a GPU).
+ROUTINGS = {
+    "gradient": winner_takes_all,
+    "comparisons": lambda a, relevance, pool: _route_to_winners(a, relevance, pool.window),
+}
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
-def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype) -> None:
+def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype, routing) -> None:
     """Winner-takes-all with tied maxima, worked out by hand: the window's first maximal input
     (row-major) takes all of its output's relevance; the row and column that no 2x2 window
     covers get none."""
@@ -820,15 +835,16 @@ def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype) -> 
     pool.window = (2, 2)
     want = np.zeros((5, 5))
     want[0, 0], want[0, 2], want[2, 1], want[3, 3] = 10, 20, 30, 40
-    got = winner_takes_all(a, relevance, pool)
+    got = ROUTINGS[routing](a, relevance, pool)
     assert got.dtype == dtype
     np.testing.assert_array_equal(got[0, :, :, 0].numpy(), want)
 
 
+@pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
-@pytest.mark.parametrize("size", [1, 3])
-def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dtype, size) -> None:
-    """Windows of 1x1 (the identity) and 3x3 over three channels, an odd input size (cropped
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dtype, size, routing) -> None:
+    """Windows of 1x1 (the identity), 2x2 and 3x3 over three channels, an odd input size (cropped
     at the bottom and right), against a plain loop over the windows; integer values give ties."""
     rng = np.random.default_rng(size)
     a = rng.integers(0, 4, size=(2, 7, 8, 3)).astype(np.float64)
@@ -844,5 +860,5 @@ def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dt
         return tf.nn.max_pool2d(x, size, size, "VALID")
 
     pool.window = (size, size)
-    got = winner_takes_all(tf.constant(a, dtype), tf.constant(relevance, dtype), pool)
+    got = ROUTINGS[routing](tf.constant(a, dtype), tf.constant(relevance, dtype), pool)
     np.testing.assert_array_equal(got.numpy(), want.astype(dtype.as_numpy_dtype))

@@ -40,6 +40,8 @@ class Forward:
         inputs: the input of every step, ``inputs[i]`` feeds ``steps[i]`` (a list of
             operands for a Merge step).
         params: (kernel, bias) of every Linear step (BatchNorm folded), else None.
+        products: ``a W`` (no bias) of every Linear step, else None: the rules that use it
+            take it from here instead of computing the layer's largest product again.
         logits: the explained scores, shape ``[batch, classes]``: the pre-activation of the
             last Dense/Conv step (or its reshaped output).
         outputs: the model's output (after any final activation).
@@ -47,6 +49,7 @@ class Forward:
 
     inputs: list
     params: list[tuple[tf.Tensor, tf.Tensor] | None]
+    products: list[tf.Tensor | None]
     logits: tf.Tensor
     outputs: tf.Tensor
 
@@ -54,13 +57,14 @@ class Forward:
 def forward(steps: list[Step], x: tf.Tensor) -> Forward:
     """Run the steps in inference mode on ``x``, in ``x``'s dtype."""
     top = logit_step(steps)
-    inputs, params, values = [], [], []
+    inputs, params, products, values = [], [], [], []
     logits = None
     for i, step in enumerate(steps):
         operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
         if isinstance(step, Merge):
             inputs.append(operands)
             params.append(None)
+            products.append(None)
             values.append(step(*operands))
             continue
         a = operands[0]
@@ -68,16 +72,18 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
         if isinstance(step, Linear):
             kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
-            z = step.affine(a, kernel, bias)
+            products.append(step.affine(a, kernel, None))
+            z = products[-1] + bias
             if i == top:
                 logits = z
             values.append(z if step.activation is None else step.activation(z))
         else:
             params.append(None)
+            products.append(None)
             values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, logits, values[-1])
+    return Forward(inputs, params, products, logits, values[-1])
 
 
 def logit_step(steps: list[Step]) -> int:
@@ -173,10 +179,12 @@ def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]
     sees when tracing that its term is zero (:func:`heatinv.lrp.rules.known_zero`).
 
     Returns:
-        ``{step index: (low, high)}`` for every first Linear step: tensors shaped like that
-        step's input, or ``0.0``.
+        ``{step index: (low, high)}`` for every first Linear step: tensors shaped like one
+        example of that step's input (batch size 1), or ``0.0``.
     """
-    box = {MODEL_INPUT: (tf.convert_to_tensor(low, x.dtype) + tf.zeros_like(x), tf.convert_to_tensor(high, x.dtype) + tf.zeros_like(x))}
+    # The box is the same for every example: carried at batch size 1, it broadcasts where used.
+    one = tf.zeros_like(x[:1])
+    box = {MODEL_INPUT: (tf.convert_to_tensor(low, x.dtype) + one, tf.convert_to_tensor(high, x.dtype) + one)}
     zero = {MODEL_INPUT: (known_zero(low), known_zero(high))}
     at_first = {}
     for i, step in enumerate(steps):
@@ -225,7 +233,8 @@ def backward(
         if i not in pending:
             continue  # nothing of the explained score flows through this step
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
-        for source, share in zip(step.sources, _shares(step, a, fwd.params[i], r, composite, i in first, bounds.get(i), nonnegative)):
+        shares = _shares(step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative)
+        for source, share in zip(step.sources, shares):
             if share is not None:
                 pending[source] = pending[source] + share if source in pending else share
     if MODEL_INPUT not in pending:
@@ -233,16 +242,19 @@ def backward(
     return pending[MODEL_INPUT]
 
 
-def _shares(step: Step, a, params, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int]) -> list:
+def _shares(step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int]) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
         kernel, bias = params
         rule = composite.rule_for(step.kind, is_first=is_first)
+        known = {}
+        if rule.takes_product:
+            known["product"] = product
         if box is not None and is_first and composite.first is not None and rule.name == "zbox":
-            return [rule(a, kernel, bias, relevance, step, low=box[0], high=box[1])]
-        if rule.takes_sign and step.sources[0] in nonnegative:
-            return [rule(a, kernel, bias, relevance, step, nonnegative=True)]
-        return [rule(a, kernel, bias, relevance, step)]
+            known.update(low=box[0], high=box[1])
+        elif rule.takes_sign and step.sources[0] in nonnegative:
+            known["nonnegative"] = True
+        return [rule(a, kernel, bias, relevance, step, **known)]
     if isinstance(step, Pool):
         redistribute = norm if step.kind == "average" else winner_takes_all
         return [redistribute(a, relevance, step)]

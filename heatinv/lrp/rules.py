@@ -7,6 +7,9 @@ kernel and bias the rule chooses, and ``layer.transpose(s, W, x)`` its adjoint `
 convolutional layers alike, and every operation stays an ordinary, twice-differentiable
 TensorFlow op (no ``custom_gradient``).
 
+Rules that start from the layer's own ``z`` take ``product=a W`` from the forward pass, which
+has computed it already (the largest product of the rule, and its gradient, done once).
+
 Notation in the docstrings: ``a`` the layer input, ``z = a W + b`` its pre-activation,
 ``R`` the relevance of the layer's outputs, ``x+ = max(x, 0)``, ``x- = min(x, 0)``, and
 ``stab(z) = z + eps * sign(z)`` with ``sign(0) = +1``.
@@ -24,6 +27,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # whether a trace is XLA-compiled: no public API
 
 
 STABILIZER = 1e-6
@@ -49,6 +53,8 @@ class Rule(Protocol):
     name: str
     takes_sign: bool
     """Whether the rule takes ``nonnegative=True`` (the input is ``>= 0``) to skip its ``a-`` terms."""
+    takes_product: bool
+    """Whether the rule takes ``product=a W`` (the forward pass's, so it is not computed twice)."""
 
     def __call__(
         self, a: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relevance: tf.Tensor, layer: LinearMap
@@ -165,15 +171,20 @@ def transpose_each(layer: LinearMap, s: tf.Tensor, kernels: list, like: tf.Tenso
     return tf.split(layer.transpose(s, tf.concat(kernels, axis=-2), stacked_like), len(kernels), axis=-1)
 
 
-def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6):
+def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6, product: tf.Tensor | None = None):
     """LRP-epsilon (Bach et al. 2015): ``R_in = a * W^T (R / stab(a W + b))``. Dense layers."""
-    s = relevance / stabilize(layer.affine(a, kernel, bias), epsilon)
+    s = relevance / stabilize(_product(a, kernel, layer, product) + bias, epsilon)
     return a * layer.transpose(s, kernel, a)
 
 
-def zero(a, kernel, bias, relevance, layer):
+def zero(a, kernel, bias, relevance, layer, *, product: tf.Tensor | None = None):
     """LRP-0 (Bach et al. 2015): epsilon with a vanishing epsilon; upper layers."""
-    return epsilon(a, kernel, bias, relevance, layer, epsilon=ZERO_STABILIZER)
+    return epsilon(a, kernel, bias, relevance, layer, epsilon=ZERO_STABILIZER, product=product)
+
+
+def _product(a: tf.Tensor, kernel: tf.Tensor, layer: LinearMap, product: tf.Tensor | None) -> tf.Tensor:
+    """``a W``: the forward pass's when given, else computed."""
+    return layer.affine(a, kernel, None) if product is None else product
 
 
 def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0, nonnegative: bool = False):
@@ -200,7 +211,9 @@ def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: f
     return alpha * positive - beta * negative
 
 
-def gamma(a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative: bool = False):
+def gamma(
+    a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative: bool = False, product: tf.Tensor | None = None
+):
     """LRP-gamma (Montavon et al. 2019, generalized to signed inputs): favours positive evidence.
 
     Outputs with ``z > 0`` redistribute with ``W + gamma W+`` on positive inputs (and
@@ -212,12 +225,12 @@ def gamma(a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative
     down = kernel + gamma * tf.minimum(kernel, 0.0)
     bias_up = bias + gamma * tf.maximum(bias, 0.0)
     bias_down = bias + gamma * tf.minimum(bias, 0.0)
+    z = _product(a, kernel, layer, product) + bias
     if nonnegative:
-        z, z_up, z_down = affine_each(layer, a, [kernel, up, down], [bias, bias_up, bias_down])
+        z_up, z_down = affine_each(layer, a, [up, down], [bias_up, bias_down])
         s_up = tf.where(z > 0, relevance, tf.zeros_like(relevance)) / stabilize(z_up, STABILIZER)
         s_down = tf.where(z < 0, relevance, tf.zeros_like(relevance)) / stabilize(z_down, STABILIZER)
         return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
-    z = layer.affine(a, kernel, bias)
     r_pos = tf.where(z > 0, relevance, tf.zeros_like(relevance))
     r_neg = tf.where(z < 0, relevance, tf.zeros_like(relevance))
     return _split_contributions(a, r_pos, layer, up, down, bias_up, STABILIZER) + _split_contributions(
@@ -225,7 +238,7 @@ def gamma(a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative
     )
 
 
-def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1.0):
+def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1.0, product: tf.Tensor | None = None):
     """LRP-z^B (Montavon et al. 2017) for inputs boxed in ``[low, high]``; the first layer.
 
     ``z = a W - l W+ - h W-``, ``R_in = (a W^T - l W+^T - h W-^T) R / stab(z)``.
@@ -233,13 +246,17 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
     # z = a W + (-l) W+ + (-h) W-, one (input, kernel) pair per term. A bound known to be zero
     # when tracing (a number: low = 0 for images in [0, 1]) adds exactly zero to z and to R_in,
-    # so its term is skipped: a third of the first layer's work.
+    # so its term is skipped. The bounds are the same for every example: their products are
+    # computed for one and broadcast.
     inputs, kernels = [a], [kernel]
     for bound, bound_kernel in ((low, w_pos), (high, w_neg)):
         if not known_zero(bound):
-            inputs.append(-_broadcast(bound, a))
+            inputs.append(-_one_example(bound, a))
             kernels.append(bound_kernel)
-    s = relevance / stabilize(affine_sum(layer, inputs, kernels), STABILIZER)
+    z = _product(a, kernel, layer, product)
+    if len(inputs) > 1:
+        z = z + affine_sum(layer, inputs[1:], kernels[1:])
+    s = relevance / stabilize(z, STABILIZER)
     # R_in = a W^T s + (-l) W+^T s + (-h) W-^T s
     return tf.add_n([x * to_x for x, to_x in zip(inputs, transpose_each(layer, s, kernels, a))])
 
@@ -254,9 +271,9 @@ def known_zero(bound) -> bool:
     return bound is not None and not tf.is_tensor(bound) and not np.any(bound)
 
 
-def _broadcast(bound, like: tf.Tensor) -> tf.Tensor:
-    """A bound (a scalar, or an array that broadcasts to the input: per pixel or channel) shaped like ``like``."""
-    return tf.convert_to_tensor(bound, dtype=like.dtype) + tf.zeros_like(like)
+def _one_example(bound, like: tf.Tensor) -> tf.Tensor:
+    """A bound (a scalar, or an array that broadcasts to one input: per pixel or channel) shaped like ``like[:1]``."""
+    return tf.convert_to_tensor(bound, dtype=like.dtype) + tf.zeros_like(like[:1])
 
 
 def flat(a, kernel, bias, relevance, layer):
@@ -336,6 +353,7 @@ def make_rule(name: str, **params: float) -> Rule:
     rule.name = name
     # The sign-split rules can skip their a- terms when told the input is >= 0.
     rule.takes_sign = "nonnegative" in (fn.__kwdefaults__ or {})
+    rule.takes_product = "product" in (fn.__kwdefaults__ or {})
     return rule
 
 
@@ -356,19 +374,28 @@ def norm(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tens
 
 
 def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
-    """Max pooling: each output's relevance goes to the input that won the max.
+    """Max pooling: each output's relevance goes to the input that won the max (ties: the first).
 
-    When the windows tile the input (``pool.window`` is set: stride equal to pool size),
-    the winners are picked by comparisons (square 2-D windows, float16/32) or ``argmax``
-    (any other) and relevance is placed with a selection, so the second derivative is exact
-    everywhere. XLA's float32 kernel for the second derivative of max pooling
-    (``MaxPoolGradGrad``) packs values into 16 bits and was measured 10 % off, and it has
-    no float64 kernel at all. Overlapping windows fall back to max pooling's own gradient.
+    Max pooling's own gradient does exactly that on a CPU: TensorFlow's CPU kernel
+    (``MaxPoolGrad``) hands each window's gradient to its first maximal input, row-major, and
+    its second derivative (``MaxPoolGradGrad``) gathers from the same inputs, one op each way.
+    Under XLA, or where a GPU is visible, windows that tile the input (``pool.window`` is
+    set: stride equal to pool size) are routed by comparisons instead (square 2-D windows,
+    float16/32) or ``argmax`` (any other), with a selection, so that ties still go to the
+    first input and the second derivative is exact: XLA's float32 kernel for the second
+    derivative of max pooling packs values into 16 bits and was measured 10 % off, and it
+    has no float64 kernel at all; the GPU kernels' choice among ties is not checked here.
     """
     window = getattr(pool, "window", None)
-    if window is None:
+    if window is None or not _gradient_kernel_differs():
         return adjoint(pool, a, relevance)
     return _route_to_winners(a, relevance, window)
+
+
+def _gradient_kernel_differs() -> bool:
+    """Whether max pooling's gradient may not be TensorFlow's CPU kernel: under XLA, or with a GPU."""
+    in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    return in_xla or bool(tf.config.list_logical_devices("GPU"))
 
 
 def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
