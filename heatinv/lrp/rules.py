@@ -187,7 +187,10 @@ def _product(a: tf.Tensor, kernel: tf.Tensor, layer: LinearMap, product: tf.Tens
     return layer.affine(a, kernel, None) if product is None else product
 
 
-def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0, nonnegative: bool = False):
+def alpha_beta(
+    a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0, nonnegative: bool = False,
+    product: tf.Tensor | None = None,
+):
     """LRP-alpha-beta (Bach et al. 2015): ``alpha * R_positive - beta * R_negative``; conv layers.
 
     The positive part uses ``z+ = a+ W+ + b+ + a- W-``, the negative ``z- = a+ W- + b- + a- W+``.
@@ -200,7 +203,9 @@ def alpha_beta(a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: f
         if beta == 0:
             s = relevance / stabilize(layer.affine(a, w_pos, b_pos), STABILIZER)
             return a * layer.transpose(alpha * s, w_pos, a)
-        z_pos, z_neg = affine_each(layer, a, [w_pos, w_neg], [b_pos, b_neg])
+        # a >= 0: a W- = a W - a W+, so one map on top of the forward pass's a W.
+        positive = layer.affine(a, w_pos, None)
+        z_pos, z_neg = positive + b_pos, _product(a, kernel, layer, product) - positive + b_neg
         s_pos = alpha * relevance / stabilize(z_pos, STABILIZER)
         s_neg = beta * relevance / stabilize(z_neg, STABILIZER)
         return a * transpose_sum(layer, [s_pos, -s_neg], [w_pos, w_neg], a)
@@ -225,9 +230,14 @@ def gamma(
     down = kernel + gamma * tf.minimum(kernel, 0.0)
     bias_up = bias + gamma * tf.maximum(bias, 0.0)
     bias_down = bias + gamma * tf.minimum(bias, 0.0)
-    z = _product(a, kernel, layer, product) + bias
+    product = _product(a, kernel, layer, product)
+    z = product + bias
     if nonnegative:
-        z_up, z_down = affine_each(layer, a, [up, down], [bias_up, bias_down])
+        # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
+        # forward pass's. z_up = a (W + gamma W+) + b + gamma b+, z_down likewise with W-.
+        positive = layer.affine(a, tf.maximum(kernel, 0.0), None)
+        z_up = z + gamma * (positive + tf.maximum(bias, 0.0))
+        z_down = z + gamma * (product - positive + tf.minimum(bias, 0.0))
         s_up = tf.where(z > 0, relevance, tf.zeros_like(relevance)) / stabilize(z_up, STABILIZER)
         s_down = tf.where(z < 0, relevance, tf.zeros_like(relevance)) / stabilize(z_down, STABILIZER)
         return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
@@ -386,6 +396,10 @@ def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tens
     derivative of max pooling packs values into 16 bits and was measured 10 % off, and it
     has no float64 kernel at all; the GPU kernels' choice among ties is not checked here.
     """
+    # The routing is piecewise constant in ``a``: no gradient flows to it, and none is computed
+    # (through max pooling's gradient, differentiated, a zero gradient took another two
+    # MaxPoolGrad ops per layer).
+    a = tf.stop_gradient(a)
     window = getattr(pool, "window", None)
     if window is None or not _gradient_kernel_differs():
         return adjoint(pool, a, relevance)
