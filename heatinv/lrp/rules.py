@@ -105,26 +105,6 @@ def _split_contributions(
     return a_pos * to_positive + a_neg * to_negative
 
 
-def affine_each(layer: LinearMap, x: tf.Tensor, kernels: list, biases: list) -> list[tf.Tensor]:
-    """``[x K_j + b_j for each j]``: one map with the kernels side by side where the layer allows.
-
-    A layer with ``stackable`` set (a Conv without groups) computes all outputs in
-    one matrix product or convolution over ``x``, which reads ``x`` once.
-
-    Example:
-    >>> class Dense:
-    ...     stackable = True
-    ...     def affine(self, x, kernel, bias): return x @ kernel + bias
-    >>> z1, z2 = affine_each(Dense(), tf.ones([1, 2]), [tf.ones([2, 1]), -tf.ones([2, 1])], [tf.zeros([1])] * 2)
-    >>> float(z1[0, 0]), float(z2[0, 0])
-    (2.0, -2.0)
-    """
-    if not getattr(layer, "stackable", False):
-        return [layer.affine(x, kernel, bias) for kernel, bias in zip(kernels, biases)]
-    z = layer.affine(x, tf.concat(kernels, axis=-1), tf.concat(biases, axis=-1))
-    return tf.split(z, len(kernels), axis=-1)
-
-
 def transpose_sum(layer: LinearMap, cotangents: list, kernels: list, like: tf.Tensor) -> tf.Tensor:
     """``sum_j K_j^T s_j``: one transposed map with the kernels side by side where the layer allows.
 
