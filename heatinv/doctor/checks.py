@@ -44,8 +44,7 @@ def _pre_activations(steps, probe: Probe):
     """(index, step, z) for every Linear step, z = a W + b with BatchNorm folded."""
     for i, step in enumerate(steps):
         if isinstance(step, Linear):
-            kernel, bias = probe.fwd.params[i]
-            yield i, step, step.affine(probe.fwd.inputs[i], kernel, bias)
+            yield i, step, probe.fwd.products[i] + probe.fwd.params[i][1]
 
 
 def _fmt(value: float) -> str:

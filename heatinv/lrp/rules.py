@@ -206,7 +206,8 @@ def gamma(
     biases become ``b + gamma b+`` and ``b + gamma b-``. Conv layers. ``nonnegative``: the
     input is ``>= 0`` by construction (a ReLU output), so ``a- = 0`` and its terms are skipped.
     """
-    up = kernel + gamma * tf.maximum(kernel, 0.0)
+    w_pos = tf.maximum(kernel, 0.0)
+    up = kernel + gamma * w_pos
     down = kernel + gamma * tf.minimum(kernel, 0.0)
     bias_up = bias + gamma * tf.maximum(bias, 0.0)
     bias_down = bias + gamma * tf.minimum(bias, 0.0)
@@ -214,10 +215,10 @@ def gamma(
     z = product + bias
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
-        # forward pass's. z_up = a (W + gamma W+) + b + gamma b+, z_down likewise with W-.
-        positive = layer.affine(a, tf.maximum(kernel, 0.0), None)
-        z_up = z + gamma * (positive + tf.maximum(bias, 0.0))
-        z_down = z + gamma * (product - positive + tf.minimum(bias, 0.0))
+        # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
+        positive = layer.affine(a, w_pos, None)
+        z_up = product + gamma * positive + bias_up
+        z_down = product + gamma * (product - positive) + bias_down
         s_up = tf.where(z > 0, relevance, tf.zeros_like(relevance)) / stabilize(z_up, STABILIZER)
         s_down = tf.where(z < 0, relevance, tf.zeros_like(relevance)) / stabilize(z_down, STABILIZER)
         return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
