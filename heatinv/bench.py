@@ -307,7 +307,7 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
                 return R, tf.reduce_sum(R)
 
             jit = variant.endswith("_xla")
-            fn = tf.function(heatmap, jit_compile=jit, reduce_retracing=True)
+            fn = tf.function(heatmap, jit_compile=jit, reduce_retracing=True, autograph=False)
             runners.append(Runner(variant, lambda f=fn: float(f(x, y)[1]), 1, "xla" if jit else "function"))
         elif variant in ("forward_backward", "forward_backward_xla"):
 
@@ -320,7 +320,7 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
                 return grad, tf.reduce_sum(grad)
 
             jit = variant.endswith("_xla")
-            fn = tf.function(forward_backward, jit_compile=jit, reduce_retracing=True)
+            fn = tf.function(forward_backward, jit_compile=jit, reduce_retracing=True, autograph=False)
             runners.append(Runner(variant, lambda f=fn: float(f(x, y)[1]), 1, "xla" if jit else "function"))
         else:
             raise ValueError(f"Unknown variant {variant!r}; expected some of {list(VARIANTS)}.")

@@ -379,7 +379,7 @@ def _compiled_explain(explainer: LRP, input_shape) -> tf.types.experimental.Gene
         signature = [tf.TensorSpec((None,) + key, tf.float32), tf.TensorSpec((None,), tf.int32)]
         owner = weakref.ref(explainer)  # the cache must not keep the explainer (and its model) alive
 
-        @tf.function(input_signature=signature)
+        @tf.function(input_signature=signature, autograph=False)
         def explain(batch, batch_labels):
             explanation = owner().explain(batch, batch_labels)
             return explanation.relevance, explanation.logits

@@ -178,7 +178,7 @@ def mirrored_step(strategy, student, explainer, objective: Manipulation, optimiz
         return loss, terms, gradients
 
     if jit_compile:
-        local_gradients = tf.function(local_gradients, jit_compile=True)
+        local_gradients = tf.function(local_gradients, jit_compile=True, autograph=False)
 
     def replica_gradients(*batch):
         loss, terms, gradients = local_gradients(*batch)
@@ -353,6 +353,7 @@ class DatasetTask:
                         self.xla,
                     ),
                     input_signature=[spec],
+                    autograph=False,
                 )
                 for with_norms in (False, True)
             }

@@ -22,6 +22,10 @@ batch 1; ``python -m heatinv.bench`` measures it):
   update's gradients.
 - returned tensors: each output of a ``tf.function`` costs a little at every call; the
   multi-step loop returns one set per call.
+- tracing: the step's Python has no data-dependent ``if``/``while`` of its own (``tf.cond``
+  and ``tf.while_loop`` are explicit), so it is traced with ``autograph=False``: AutoGraph's
+  rewriting of the engine's source took 4-5 s of the default job's 7 s first call.
+- the NaN/Inf guard skips an update without a branch (see :func:`apply_gradients`).
 - the host read of the loss is cheap on CPU (the call is synchronous there), but it forces
   a sync on an accelerator: read it once per call, which with ``steps_per_execution`` is
   once per ``N`` steps.
@@ -85,19 +89,16 @@ def update(
     gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
     finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
 
-    def apply() -> tf.Tensor:
-        apply_gradients(optimizer, gradients, variables)
-        return tf.constant(0, tf.int32)
-
     # A NaN/Inf step leaves the weights and the optimizer's state untouched.
-    nonfinite = tf.cond(finite, apply, lambda: tf.constant(1, tf.int32))
+    skip = tf.logical_not(finite)
+    apply_gradients(optimizer, gradients, variables, skip=skip)
     return {
         "loss": tf.cast(loss, tf.float32),
         "terms": {name: tf.cast(value, tf.float32) for name, value in terms.items()},
         "heatmap": explanation.relevance,
         "logits": explanation.logits,
         "gradients": gradients,
-        "nonfinite": nonfinite,
+        "nonfinite": tf.cast(skip, tf.int32),
     }
 
 
@@ -186,7 +187,7 @@ def _handle(variable) -> tf.Tensor:
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
-def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables) -> None:
+def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables, skip: tf.Tensor | None = None) -> None:
     """``optimizer.apply_gradients(zip(gradients, variables))``, as fused kernels when possible.
 
     For a plain Keras Adam or SGD (see :func:`fused_kind`) each variable is updated by one
@@ -198,12 +199,41 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables)
     drifts ~3e-7 from it in 5 steps at lr 0.01 (it rounds some factors in float32); in
     float32 the two agree to ~3e-7; SGD and momentum agree with Keras to a rounding.
     Eager, graph and XLA (the kernels have XLA lowerings) run the same path.
+
+    ``skip`` (a boolean scalar tensor, e.g. "a gradient is NaN"): where true, the weights,
+    the slots and ``optimizer.iterations`` keep their values. The fused Adam and SGD take it
+    without a branch: with a zero gradient, Adam's ``beta1 = beta2 = 1`` and a learning rate
+    of 0, ``m + (0 - m)(1 - 1) = m``, ``v`` likewise and ``var - 0 * m / (sqrt(v) + eps) = var``
+    (SGD: ``var - lr * 0 = var``). Under XLA a ``tf.cond`` here became a select over every
+    weight and slot plus copies of the slots, about a fifth of the mlp's update at batch 1.
+    Momentum (``var += accum`` moves the weights even at a zero gradient) and the optimizers
+    that are not fused take a ``tf.cond``.
+
+    Example:
+    >>> v = keras.Variable([1.0, 2.0]); opt = keras.optimizers.Adam(0.1); opt.build([v])
+    >>> apply_gradients(opt, [tf.constant([float("nan"), 1.0])], [v], skip=tf.constant(True))
+    >>> v.numpy(), int(opt.iterations)
+    (array([1., 2.], dtype=float32), 0)
     """
     kind = fused_kind(optimizer, variables)
+    if skip is not None and kind in (None, "momentum"):
+
+        def apply() -> tf.Tensor:
+            apply_gradients(optimizer, gradients, variables)
+            return tf.constant(0, tf.int32)
+
+        tf.cond(skip, lambda: tf.constant(1, tf.int32), apply)
+        return
     if kind is None:
         optimizer.apply_gradients(zip(gradients, variables))
         return
     learning_rate = optimizer.learning_rate  # a schedule is evaluated at the current iteration
+    if skip is not None:  # NaN * 0 is NaN: a skipped gradient is replaced, not scaled
+        gradients = [tf.where(skip, tf.zeros_like(g), g) for g in gradients]
+
+    def unless_skipped(value, dtype, otherwise):
+        value = tf.cast(value, dtype) if tf.is_tensor(value) else tf.constant(value, dtype)  # 0.9 -> float32 -> float64 is not 0.9
+        return value if skip is None else tf.where(skip, tf.constant(otherwise, dtype), value)
     if kind == "adam":
         powers = {}
         for gradient, variable in zip(gradients, variables):
@@ -221,9 +251,9 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables)
                 v=_handle(optimizer._velocities[index]),
                 beta1_power=powers[dtype][0],
                 beta2_power=powers[dtype][1],
-                lr=tf.cast(learning_rate, dtype),
-                beta1=tf.constant(optimizer.beta_1, dtype),
-                beta2=tf.constant(optimizer.beta_2, dtype),
+                lr=unless_skipped(learning_rate, dtype, 0),
+                beta1=unless_skipped(optimizer.beta_1, dtype, 1),
+                beta2=unless_skipped(optimizer.beta_2, dtype, 1),
                 epsilon=tf.constant(optimizer.epsilon, dtype),
                 grad=tf.cast(gradient, dtype),
             )
@@ -243,7 +273,7 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables)
             tf.raw_ops.ResourceApplyGradientDescent(
                 var=_handle(variable), alpha=tf.cast(learning_rate, dtype), delta=tf.cast(gradient, dtype)
             )
-    optimizer.iterations.assign_add(1)
+    optimizer.iterations.assign_add(1 if skip is None else 1 - tf.cast(skip, optimizer.iterations.dtype))
 
 
 # --------------------------------------------------------------------------- compiled step
@@ -349,14 +379,14 @@ class CompiledStep:
             return
         jit = mode == "xla"
         if steps_per_execution == 1:
-            self._single = tf.function(single, jit_compile=jit, reduce_retracing=True)
+            self._single = tf.function(single, jit_compile=jit, reduce_retracing=True, autograph=False)
             self.function = self._single
             return
         if jit and not xla_loop:
-            self._update = tf.function(one, jit_compile=True, reduce_retracing=True)
-            self._many = tf.function(looped(self._update), reduce_retracing=True)
+            self._update = tf.function(one, jit_compile=True, reduce_retracing=True, autograph=False)
+            self._many = tf.function(looped(self._update), reduce_retracing=True, autograph=False)
         else:
-            self._many = tf.function(looped(one), jit_compile=jit, reduce_retracing=True)
+            self._many = tf.function(looped(one), jit_compile=jit, reduce_retracing=True, autograph=False)
         self.function = self._many
 
     def __call__(self, *batch, steps: int | None = None) -> dict:

@@ -268,6 +268,59 @@ def test_other_optimizers_go_through_keras(make, rng):
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
+def _applier(optimizer, variables, mode):
+    def apply(gradients, skip):
+        apply_gradients(optimizer, gradients, variables, skip=skip)
+
+    return apply if mode == "eager" else tf.function(apply, jit_compile=mode == "xla")
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "xla"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.SGD(0.01),
+        lambda: keras.optimizers.SGD(0.01, momentum=0.9),
+        lambda: keras.optimizers.RMSprop(0.01),
+    ],
+    ids=["adam", "sgd", "momentum", "rmsprop"],
+)
+def test_a_skipped_update_changes_nothing(make, mode, rng):
+    """``skip``: weights, slots and iterations keep their values; the run goes on as if the step never was.
+
+    Two copies get the same finite gradients; one also gets a NaN/Inf gradient with
+    ``skip=True`` between them. The skipped update must change nothing, and after the
+    next real update the two copies must be equal bit for bit.
+    """
+    init = [rng.normal(size=(6, 4)).astype("float32"), rng.normal(size=(4,)).astype("float32")]
+    runs = []
+    for _ in range(2):
+        variables = [keras.Variable(w) for w in init]
+        optimizer = make()
+        optimizer.build(variables)
+        runs.append((variables, optimizer, _applier(optimizer, variables, mode)))
+
+    def state(variables, optimizer):
+        return [v.numpy() for v in variables] + [v.numpy() for v in optimizer.variables]
+
+    steps = [[tf.constant(rng.normal(size=w.shape).astype("float32")) for w in init] for _ in range(2)]
+    # NaN everywhere in the kernel's gradient, Inf in two entries of the bias's
+    poisoned = [tf.fill(init[0].shape, np.float32(np.nan)), tf.where(tf.range(4) < 2, np.float32(np.inf), steps[0][1])]
+    for variables, optimizer, apply in runs:
+        apply(steps[0], tf.constant(False))
+    skipping_variables, skipping_optimizer, skipping_apply = runs[1]
+    before = state(skipping_variables, skipping_optimizer)
+    skipping_apply(poisoned, tf.constant(True))
+    for kept, was in zip(state(skipping_variables, skipping_optimizer), before):
+        np.testing.assert_array_equal(kept, was)
+    for variables, optimizer, apply in runs:
+        apply(steps[1], tf.constant(False))
+    for a, b in zip(state(*runs[0][:2]), state(*runs[1][:2])):
+        np.testing.assert_array_equal(a, b)
+    assert int(runs[1][1].iterations.numpy()) == 2
+
+
 def test_gradient_stats_counts_zeros():
     stats = gradient_stats([tf.constant([0.0, 3.0, 4.0, 0.0]), tf.zeros([2, 2])])
     np.testing.assert_allclose(stats["grad_norms"].numpy(), [5.0, 0.0])

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import EventA
 from tensorboard.plugins.histogram.summary_v2 import histogram_pb
 from tensorboard.util import tensor_util
 
-from heatinv.summaries import Summaries, histogram_buckets, image_tensor
+from heatinv.summaries import Summaries, histogram_buckets, image_tensor, scalar_tensor
 
 
 @pytest.mark.parametrize("size", [1, 7, 1000])
@@ -32,6 +32,15 @@ def test_histogram_buckets_of_constant_and_nonfinite_values():
     mixed = histogram_buckets(np.array([0.0, 1.0, np.nan, np.inf, -np.inf]), buckets=2)
     assert mixed[:, 2].tolist() == [1.0, 1.0]  # only the finite values are counted
     assert histogram_buckets(np.array([np.nan]), buckets=3).tolist() == [[0.0, 0.0, 0.0]] * 3
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # np.float32(1e300) is inf, as it should be
+@pytest.mark.parametrize("value", [0.0, -0.0, 0.1, -3.5e38, 1e-40, 1e300, np.nan, np.inf, -np.inf, np.float32(0.7), 3])
+def test_scalar_tensor_is_what_tensorboard_and_tensorflow_write(value):
+    """Byte for byte the message of TensorBoard's ``make_tensor_proto`` and TensorFlow's, float32 rounding included."""
+    ours = scalar_tensor(value).SerializeToString()
+    assert ours == tensor_util.make_tensor_proto(np.float32(value)).SerializeToString()
+    assert ours == tf.make_tensor_proto(np.float32(value)).SerializeToString()
 
 
 def test_image_tensor_is_width_height_and_a_png_of_the_pixels():
