@@ -242,21 +242,6 @@ def backward(
     return pending[MODEL_INPUT]
 
 
-def _sign_checked(rule, a, kernel, bias, relevance, step: Step, known: dict) -> tf.Tensor:
-    """A sign-split rule on the model's input, told ``nonnegative`` when the batch has no negative value.
-
-    The graph cannot say that the input is ``>= 0``, but images in ``[0, 1]`` are: there the
-    rule's ``a-`` terms are exactly zero, and skipping them halves the maps of the first
-    layer, the one on the largest feature maps. The check runs on the batch, so an input
-    with a negative value still takes the signed form: the heatmap is the same either way.
-    """
-    return tf.cond(
-        tf.reduce_all(a >= 0),
-        lambda: rule(a, kernel, bias, relevance, step, nonnegative=True, **known),
-        lambda: rule(a, kernel, bias, relevance, step, **known),
-    )
-
-
 def _shares(step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int]) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
@@ -269,8 +254,6 @@ def _shares(step: Step, a, params, product, relevance: tf.Tensor, composite: Com
             known.update(low=box[0], high=box[1])
         elif rule.takes_sign and step.sources[0] in nonnegative:
             known["nonnegative"] = True
-        elif rule.takes_sign and is_first:
-            return [_sign_checked(rule, a, kernel, bias, relevance, step, known)]
         return [rule(a, kernel, bias, relevance, step, **known)]
     if isinstance(step, Pool):
         redistribute = norm if step.kind == "average" else winner_takes_all
