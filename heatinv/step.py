@@ -431,18 +431,24 @@ def _convolutional(explainer: LRP) -> bool:
     return any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
 
 
+XLA_MAX_CONV_WEIGHTS = 1_000_000
+"""Convolutional chains up to this many weights get XLA at batch 1 (see :func:`auto_mode`)."""
+
+
 def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple[str, str]:
     """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model and batch.
 
-    XLA at batch 1 for a chain of Dense layers (no convolution, pooling or merge); no XLA
-    otherwise. The rule follows the bench (``python -m heatinv.bench ... --steps-per-execution 25``,
-    README "Benchmarks", 2 CPU cores, epsilon_gamma_box):
+    XLA at batch 1 for a chain of layers (no merge) that, if it convolves, has at most
+    :data:`XLA_MAX_CONV_WEIGHTS` weights; no XLA otherwise. The rule follows the bench
+    (``python -m heatinv.bench ... --steps-per-execution 25``, README "Benchmarks", 2 CPU
+    cores, epsilon_gamma_box):
 
-    - batch 1: the mlp's updates compiled into one XLA loop took 0.41-0.53x the time of the
-      graph loop; the bench cnn's graph loop around its XLA update 1.31-1.34x the graph
-      loop's (1.40x with average pooling, 1.58x with stride-2 convolutions), since the graph
-      step routes max pooling with TensorFlow's own CPU kernel and reuses the forward pass's
-      products; VGG16 at 32x32 took 2.8x the time for its heatmap with XLA;
+    - batch 1: the mlp's updates compiled into one XLA loop took 0.31-0.53x the time of the
+      graph loop; the bench cnn's graph loop around its XLA update 0.54x (0.48x with average
+      pooling, 0.32x with stride-2 convolutions; it was 1.3-1.6x while the NaN/Inf guard was
+      a ``tf.cond``, which XLA turned into selects and copies of every slot); VGG16 at 32x32
+      (15M weights) took 2.8x the time for its heatmap with XLA (XLA's CPU convolutions),
+      hence the size bound, which lies between the cnn's 20k weights and VGG16's;
     - batch 64: the mlp's XLA loop took 0.9-1.8x the time, the cnn's XLA update 1.7x;
     - models with merges (ResNet50, MobileNetV2): their heatmaps took 2-7x the time with XLA
       at batch 1.
@@ -458,8 +464,9 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple
         return "function", f"a model with merges, {calls}"
     if batch != 1:
         return "function", f"batch {batch}, {calls}"
-    if _convolutional(explainer):
-        return "function", f"a convolutional model, {calls}"
+    weights = explainer.model.count_params()
+    if _convolutional(explainer) and weights > XLA_MAX_CONV_WEIGHTS:
+        return "function", f"a convolutional model of {weights} weights, {calls}"
     return "xla", f"batch 1, a chain of layers, {calls}"
 
 

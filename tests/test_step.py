@@ -11,6 +11,7 @@ from conftest import conv_model, dense_model, inputs_for
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.step import (
+    XLA_MAX_CONV_WEIGHTS,
     apply_gradients,
     auto_mode,
     compile_step,
@@ -345,7 +346,7 @@ def _merge_model(dtype: str = "float32") -> keras.Model:
         ("dense", 1, 1, "xla"),
         ("dense", 1, 25, "xla"),
         ("dense", 64, 25, "function"),
-        ("conv", 1, 25, "function"),
+        ("conv", 1, 25, "xla"),
         ("conv", 64, 25, "function"),
         ("merge", 1, 25, "function"),
     ],
@@ -356,6 +357,16 @@ def test_auto_picks_xla_by_the_models_graph_and_batch(kind, batch, steps_per_exe
     assert mode == expected and why
     step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(), "auto", steps_per_execution, batch=batch)
     assert step.mode == expected and step.why.startswith("trainer.jit_compile=auto: ")
+
+
+def test_auto_leaves_large_convolutional_chains_without_xla():
+    inputs = keras.Input((8, 8, 2))
+    h = keras.layers.Conv2D(1100, 3, activation="relu")(inputs)
+    h = keras.layers.Conv2D(100, 3)(h)  # 1100 * 3 * 3 * 100 weights: over the bound
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+    assert model.count_params() > XLA_MAX_CONV_WEIGHTS
+    mode, why = auto_mode(LRP(model), 1, 25)
+    assert mode == "function" and f"{model.count_params()} weights" in why
 
 
 def test_auto_needs_the_batch():
