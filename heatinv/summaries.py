@@ -164,9 +164,9 @@ class Summaries:
         values = []
         for k, variable in enumerate(variables):
             tag = variable_tag(variable)
-            values.append((f"weights/{tag}", histogram_buckets(_numpy(variable)), histogram_metadata))
+            values.append((f"weights/{tag}", tensor_util.make_tensor_proto(histogram_buckets(_numpy(variable))), histogram_metadata))
             if gradients is not None:
-                values.append((f"gradients/{tag}", histogram_buckets(_numpy(gradients[k])), histogram_metadata))
+                values.append((f"gradients/{tag}", tensor_util.make_tensor_proto(histogram_buckets(_numpy(gradients[k]))), histogram_metadata))
         self._write(step, values)
 
     def heatmaps_once(self, image: np.ndarray, target: np.ndarray, initial: np.ndarray) -> None:
@@ -188,10 +188,10 @@ class Summaries:
         self._images(step, {tag: to_rgb(fig)})
 
     def _images(self, step: int, tiles: dict[str, np.ndarray]) -> None:
-        self._write(step, [(tag, image_tensor(rgb), image_metadata) for tag, rgb in tiles.items()])
+        self._write(step, [(tag, tensor_util.make_tensor_proto(image_tensor(rgb)), image_metadata) for tag, rgb in tiles.items()])
 
     def text(self, tag: str, body: str, step: int = 0) -> None:
-        self._write(step, [(tag, np.asarray(body.encode(), dtype=object), text_metadata)])
+        self._write(step, [(tag, tensor_util.make_tensor_proto(np.asarray(body.encode(), dtype=object)), text_metadata)])
 
     def preformatted(self, tag: str, body: str, step: int = 0) -> None:
         """Text that keeps its line breaks and columns in the Text tab (a markdown code block)."""
@@ -215,11 +215,10 @@ class Summaries:
         for summary in summaries:
             self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
 
-    def _write(self, step: int, values: list[tuple[str, np.ndarray, object]]) -> None:
+    def _write(self, step: int, values: list[tuple[str, tensor_pb2.TensorProto, object]]) -> None:
         """One event at ``step``; each tag's plugin metadata goes with its first value (as ``tf.summary`` does)."""
         summary = summary_pb2.Summary()
-        for tag, array, metadata in values:
-            tensor = array if isinstance(array, tensor_pb2.TensorProto) else tensor_util.make_tensor_proto(array)
+        for tag, tensor, metadata in values:
             value = summary.value.add(tag=tag, tensor=tensor)
             if tag not in self._described:
                 value.metadata.CopyFrom(metadata)
