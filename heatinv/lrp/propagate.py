@@ -54,8 +54,9 @@ class Forward:
     outputs: tf.Tensor
 
 
-def forward(steps: list[Step], x: tf.Tensor) -> Forward:
-    """Run the steps in inference mode on ``x``, in ``x``'s dtype."""
+def forward(steps: list[Step], x: tf.Tensor, batch_statistics: bool = False) -> Forward:
+    """Run the steps on ``x``, in ``x``'s dtype: in inference mode, or with ``batch_statistics``
+    each folded BatchNorm normalizing with the batch's own statistics (training mode)."""
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
     logits = None
@@ -70,9 +71,13 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
         a = operands[0]
         inputs.append(a)
         if isinstance(step, Linear):
-            kernel, bias = step.params(a.dtype)
+            if batch_statistics and step.batch_norm is not None:
+                kernel, bias, product = step.batch_params(a)
+            else:
+                kernel, bias = step.params(a.dtype)
+                product = step.affine(a, kernel, None)
             params.append((kernel, bias))
-            products.append(step.affine(a, kernel, None))
+            products.append(product)
             z = products[-1] + bias
             if i == top:
                 logits = z
