@@ -150,8 +150,8 @@ def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:
         )
 
 
-def explainer_for(model: keras.Model, cfg, batch_statistics: bool = False) -> LRP:
-    """The LRP explainer the ``lrp`` config group describes, bound to ``model`` (in training mode with ``batch_statistics``)."""
+def explainer_for(model: keras.Model, cfg) -> LRP:
+    """The LRP explainer the ``lrp`` config group describes, bound to ``model``."""
     c = cfg.lrp
     # Unset outside build_parts (a test composing a config by hand): the [0, 1] of images.
     low = 0.0 if c.low is None else np.asarray(c.low, np.float32)
@@ -159,9 +159,7 @@ def explainer_for(model: keras.Model, cfg, batch_statistics: bool = False) -> LR
     shape = tuple(model.inputs[0].shape)
     summed = cfg.target.channels == "sum" and len(shape) == 4 and shape[-1] > 1
     explainer = ChannelSumLRP if summed else LRP
-    return explainer(
-        model, c.composite, low=low, high=high, epsilon=c.epsilon, gamma=c.gamma, output=c.output, batch_statistics=batch_statistics
-    )
+    return explainer(model, c.composite, low=low, high=high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
 
 
 def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:

@@ -69,7 +69,6 @@ class TaskConfig:
     lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
     teacher: str = "mse"  # dataset: the logit_weight term: mse of the logits | kl of the softmax at temperature
     temperature: float = 1.0  # teacher=kl: softmax temperature T
-    batch_norm: str = "moving"  # dataset: moving | batch (the step runs BatchNorm in training mode)
     early_stopping: bool = False  # dataset: train on the reference's fit split, restore the best validation epoch
     min_agreement: float = 0.97  # early_stopping: an epoch qualifies at this validation agreement with the reference...
     max_accuracy_drop: float = 0.01  # ...and at most this validation accuracy below the reference's
@@ -155,7 +154,6 @@ CHOICES = {
     "task.kind": ("single", "dataset"),
     "task.lr_schedule": ("constant", "cosine"),
     "task.teacher": ("mse", "kl"),
-    "task.batch_norm": ("moving", "batch"),
     "init.kind": ("random", "reference"),
     "loss.name": ("l1", "mse", "huber"),
     "loss.normalize": ("none", "sum", "max"),

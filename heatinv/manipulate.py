@@ -59,7 +59,6 @@ from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.models import REFERENCE_SEED, validation_split
 from heatinv.outputs import write_run_files
-from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
 from heatinv.step import compile_step, gradient_stats, make_optimizer, mode_for
@@ -326,24 +325,11 @@ class DatasetTask:
         )
         self.strategy = make_strategy(cfg.trainer.strategy)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
-        self.batch_statistics = task.batch_norm == "batch"
-        if self.batch_statistics and not batch_norm_layers(self.student):
-            raise ValueError(
-                f"task.batch_norm=batch: model {cfg.model.name} has no BatchNormalization layer to run in training "
-                "mode; use task.batch_norm=moving."
-            )
-        if self.batch_statistics and self.strategy is not None:
-            raise ValueError(
-                f"task.batch_norm=batch runs on one device; it is not available with trainer.strategy={cfg.trainer.strategy}. "
-                "Use trainer.strategy=none."
-            )
         if self.strategy is None:
             self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
             self.explainer = explainer_for(self.student, cfg)
-            # What the step differentiates: the student in training mode with task.batch_norm=batch.
-            stepped = explainer_for(self.student, cfg, batch_statistics=True) if self.batch_statistics else self.explainer
             self.compiled = compile_step(
-                self.student, stepped, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size
+                self.student, self.explainer, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size
             )
             self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:
@@ -426,20 +412,6 @@ class DatasetTask:
     def _distributed(self, batches: tf.data.Dataset):
         return self.strategy.experimental_distribute_dataset(batches.map(_with_batch_constants(self.cfg.loss.normalize)))
 
-    def reestimate_batch_norm(self) -> None:
-        """Set the student's moving BatchNorm statistics to its training features' under the current weights.
-
-        With ``task.batch_norm=batch`` the steps normalize with each batch's statistics and
-        leave the moving ones alone; inference (the held-out metrics, the saved model) uses
-        the moving ones, so they are recomputed from the fit images before each evaluation.
-        """
-        data, size = self.parts.dataset, self.cfg.task.batch_size
-        if self.streamed:
-            batches = (b.x for b in self.problem.batches(data, "train", size, self.fit))
-        else:
-            batches = (data.x_train[self.fit[i : i + size]] for i in range(0, len(self.fit), size))
-        set_population_statistics(self.student, batches)
-
     def evaluate(self) -> dict[str, float]:
         """The held-out metrics of :func:`evaluate`, one batch at a time; counts the manipulated images."""
         self.manipulated = 0
@@ -521,8 +493,6 @@ class DatasetTask:
         means = self.sums.numpy() / self.steps_per_epoch
         self.sums.assign(tf.zeros_like(self.sums))
         train_terms = {name: float(v) for name, v in zip(("loss", *TERMS), means)}
-        if self.batch_statistics:
-            self.reestimate_batch_norm()
         started = time.perf_counter()
         self.test = self.evaluate()
         self.epoch_evaluation_seconds.append(time.perf_counter() - started)

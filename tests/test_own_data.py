@@ -25,7 +25,6 @@ from heatinv.feature_targets import feature_share, move_feature_relevance
 from heatinv.lrp import LRP
 from heatinv.layers import SoftplusBeta
 from heatinv.models import APPLICATIONS, Architecture, build_application, build_model
-from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.targets import build_target, pattern_map
 from heatinv.train import run
 
@@ -295,45 +294,6 @@ def test_single_task_on_npz_images_with_a_pattern(composed, shapes_npz):
     assert isinstance(explainer_for(parts.student, cfg), ChannelSumLRP)
     run(cfg)
     assert (out / "metrics.json").exists()
-
-
-def _batch_norm_model(path: str) -> str:
-    """A small conv net with two BatchNormalizations for the shapes (32x32x3, 3 classes), saved at ``path``."""
-    x = inputs = keras.Input((32, 32, 3))
-    for filters in (8, 8):
-        x = keras.layers.Conv2D(filters, 3, strides=2, padding="same", use_bias=False)(x)
-        x = keras.layers.BatchNormalization()(x)
-        x = keras.layers.ReLU(6.0)(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    keras.Model(inputs, keras.layers.Dense(len(CLASSES))(x)).save(path)
-    return path
-
-
-def test_batch_norm_in_training_mode_reestimates_the_moving_statistics_after_each_epoch(composed, shapes_npz, tmp_path):
-    """``task.batch_norm=batch``: the steps normalize with each batch's statistics, and before each
-    evaluation the moving statistics become the fit images' own under the current weights, so the
-    saved student is the network its steps trained (its inference-mode BatchNorms included)."""
-    path = _batch_norm_model(str(tmp_path / "bn.keras"))
-    cfg, out = composed("data=npz", f"data.path={shapes_npz}", "model=file", f"model.path={path}", "task=dataset",
-                        "target=pattern", "target.pattern=frame", "task.batch_norm=batch", "optimizer.lr=0.01")
-    run(cfg)
-    student = keras.saving.load_model(out / "student.keras", safe_mode=True)
-    x = data.load_npz(shapes_npz).x_train
-    expected = keras.models.clone_model(student)
-    expected.set_weights(student.get_weights())
-    size = cfg.task.batch_size
-    set_population_statistics(expected, [x[i : i + size] for i in range(0, len(x), size)])
-    reference = keras.saving.load_model(path, safe_mode=True)
-    for got, want, start in zip(batch_norm_layers(student), batch_norm_layers(expected), batch_norm_layers(reference)):
-        for name in ("moving_mean", "moving_variance"):
-            np.testing.assert_allclose(getattr(got, name).numpy(), getattr(want, name).numpy(), rtol=1e-4, atol=1e-6)
-            assert not np.allclose(getattr(got, name).numpy(), getattr(start, name).numpy(), atol=1e-3)
-
-
-def test_batch_norm_in_training_mode_needs_a_batch_norm(config, shapes_npz):
-    expect(ValueError, config("data=npz", f"data.path={shapes_npz}", "model=cnn", "task=dataset", "target=pattern",
-                              "task.batch_norm=batch"),
-           "task.batch_norm=batch", "model cnn", "no BatchNormalization", "task.batch_norm=moving")
 
 
 @pytest.mark.slow

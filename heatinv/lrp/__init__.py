@@ -77,10 +77,6 @@ class LRP:
         output: ``"logit"`` starts from the target's pre-activation score of the last layer
             (a final softmax or ReLU cannot zero the map); ``"activation"`` from its
             post-activation output.
-        batch_statistics: explain the model in training mode: every BatchNormalization
-            normalizes with the batch's own mean and variance (differentiable), not its
-            moving statistics, so each image's heatmap depends on the batch it is in. For
-            fine-tuning through the map at the learning rates the model was trained with.
 
     Example:
     >>> lrp = LRP(model, composite="epsilon_plus")  # doctest: +SKIP
@@ -99,13 +95,11 @@ class LRP:
         alpha: float = 2.0,
         beta: float = 1.0,
         output: str = "logit",
-        batch_statistics: bool = False,
     ):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
         self.model = model
         self.output = output
-        self.batch_statistics = batch_statistics
         self.steps = canonize(model)
         self.top = logit_step(self.steps)
         self.composite = resolve(composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta)
@@ -117,7 +111,7 @@ class LRP:
     def explain(self, x, target) -> Explanation:
         """The heatmap together with logits, outputs and the explained score."""
         x = _as_input(x, self.model)
-        fwd = forward(self.steps, x, self.batch_statistics)
+        fwd = forward(self.steps, x)
         mask = target_mask(target, fwd.logits)
         if self.output == "logit":
             entering, start = fwd.logits * mask, self.top

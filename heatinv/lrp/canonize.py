@@ -162,29 +162,6 @@ class Linear:
 
     def params(self, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
         """The (kernel, bias) the step computes with: live variables, BatchNorm folded, in ``dtype``."""
-        kernel, bias = self.unfolded_params(dtype)
-        if self.batch_norm is None:
-            return kernel, bias
-        scale, shift = batch_norm_affine(
-            bias, self.batch_norm, tf.cast(self.batch_norm.moving_mean, dtype), tf.cast(self.batch_norm.moving_variance, dtype)
-        )
-        return self.scale_kernel(kernel, scale), shift
-
-    def batch_params(self, a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """(kernel, bias, ``a W``) with the BatchNorm folded from the batch's own statistics (training mode).
-
-        ``z = a W + b`` is normalized with its mean and (biased) variance over every axis but
-        the channels, as Keras's BatchNormalization does in training mode; the statistics
-        stay differentiable. The product is computed once, with the unfolded kernel, and scaled.
-        """
-        kernel, bias = self.unfolded_params(a.dtype)
-        product = self.affine(a, kernel, None)
-        mean, variance = tf.nn.moments(product + bias, axes=list(range(product.shape.rank - 1)))
-        scale, shift = batch_norm_affine(bias, self.batch_norm, mean, variance)
-        return self.scale_kernel(kernel, scale), shift, product * scale
-
-    def unfolded_params(self, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
-        """The layer's own (kernel, bias) in ``dtype``, a zero bias where it has none."""
         layer = self.layer
         if self.part == "depthwise":
             kernel = tf.cast(layer.depthwise_kernel, dtype)
@@ -194,14 +171,17 @@ class Linear:
             kernel = tf.cast(layer.kernel, dtype)
         outputs = kernel.shape[-2] * kernel.shape[-1] if self.map == "depthwise" else kernel.shape[-1]
         if layer.use_bias and self.part != "depthwise":
-            return kernel, tf.cast(layer.bias, dtype)
-        return kernel, tf.zeros([outputs], dtype)
-
-    def scale_kernel(self, kernel: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
-        """The kernel with each output channel multiplied by ``scale`` (``[outputs]``)."""
-        if self.map == "depthwise":  # output channel c * multiplier + j comes from kernel[..., c, j]
-            return kernel * tf.reshape(scale, kernel.shape[-2:])
-        return kernel * scale
+            bias = tf.cast(layer.bias, dtype)
+        else:
+            bias = tf.zeros([outputs], dtype)
+        if self.batch_norm is None:
+            return kernel, bias
+        if self.map == "depthwise":
+            # output channel c * multiplier + j comes from kernel[..., c, j]
+            flat = tf.reshape(kernel, kernel.shape[:-2].as_list() + [outputs])
+            flat, bias = fold_batch_norm(flat, bias, self.batch_norm)
+            return tf.reshape(flat, kernel.shape), bias
+        return fold_batch_norm(kernel, bias, self.batch_norm)
 
     def affine(self, x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor | None) -> tf.Tensor:
         """The layer's linear map with the given kernel and bias (no activation)."""
@@ -521,30 +501,15 @@ def fold_batch_norm(
     (TensorShape([2, 3]), TensorShape([3]))
     """
     dtype = kernel.dtype
-    mean, variance = tf.cast(batch_norm.moving_mean, dtype), tf.cast(batch_norm.moving_variance, dtype)
-    scale, shift = batch_norm_affine(bias, batch_norm, mean, variance)
-    return kernel * scale, shift
-
-
-def batch_norm_affine(
-    bias: tf.Tensor, batch_norm: keras.layers.BatchNormalization, mean: tf.Tensor, variance: tf.Tensor
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(scale, shift)`` with ``BN(a W + b) = (a W) * scale + shift`` for the given statistics, each ``[channels]``.
-
-    Example:
-    >>> bn = keras.layers.BatchNormalization(epsilon=0.0); bn.build((None, 2))
-    >>> scale, shift = batch_norm_affine(tf.zeros([2]), bn, tf.constant([1.0, 2.0]), tf.constant([4.0, 1.0]))
-    >>> scale.numpy().tolist(), shift.numpy().tolist()
-    ([0.5, 1.0], [-0.5, -2.0])
-    """
-    dtype = bias.dtype
+    variance = tf.cast(batch_norm.moving_variance, dtype)
+    mean = tf.cast(batch_norm.moving_mean, dtype)
     scale = tf.math.rsqrt(variance + tf.convert_to_tensor(batch_norm.epsilon, dtype=dtype))
     if batch_norm.scale:
         scale = scale * tf.cast(batch_norm.gamma, dtype)
     shift = (bias - mean) * scale
     if batch_norm.center:
         shift = shift + tf.cast(batch_norm.beta, dtype)
-    return scale, shift
+    return kernel * scale, shift
 
 
 def canonize(model: keras.Model) -> list[Step]:

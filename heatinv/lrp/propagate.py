@@ -54,9 +54,8 @@ class Forward:
     outputs: tf.Tensor
 
 
-def forward(steps: list[Step], x: tf.Tensor, batch_statistics: bool = False) -> Forward:
-    """Run the steps on ``x``, in ``x``'s dtype: in inference mode, or with ``batch_statistics``
-    each folded BatchNorm normalizing with the batch's own statistics (training mode)."""
+def forward(steps: list[Step], x: tf.Tensor) -> Forward:
+    """Run the steps in inference mode on ``x``, in ``x``'s dtype."""
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
     logits = None
@@ -71,13 +70,9 @@ def forward(steps: list[Step], x: tf.Tensor, batch_statistics: bool = False) -> 
         a = operands[0]
         inputs.append(a)
         if isinstance(step, Linear):
-            if batch_statistics and step.batch_norm is not None:
-                kernel, bias, product = step.batch_params(a)
-            else:
-                kernel, bias = step.params(a.dtype)
-                product = step.affine(a, kernel, None)
+            kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
-            products.append(product)
+            products.append(step.affine(a, kernel, None))
             z = products[-1] + bias
             if i == top:
                 logits = z
