@@ -216,15 +216,12 @@ def gamma(
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
         # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
-        # Each output uses one of the two: z_up where z > 0, z_down where z < 0 (none where z = 0).
         positive = layer.affine(a, w_pos, None)
-        rising = z > 0
-        z_rule = product + gamma * tf.where(rising, positive, product - positive) + tf.where(rising, bias_up, bias_down)
-        s = tf.where(tf.equal(z, 0.0), tf.zeros_like(relevance), relevance) / stabilize(z_rule, STABILIZER)
-        # up^T s_up + down^T s_down = W^T (s_up + (1 + gamma) s_down) + gamma W+^T (s_up - s_down)
-        to_kernel = tf.where(rising, s, (1.0 + gamma) * s)
-        to_positive = gamma * tf.where(rising, s, -s)
-        return a * transpose_sum(layer, [to_kernel, to_positive], [kernel, w_pos], a)
+        z_up = product + gamma * positive + bias_up
+        z_down = product + gamma * (product - positive) + bias_down
+        s_up = tf.where(z > 0, relevance, tf.zeros_like(relevance)) / stabilize(z_up, STABILIZER)
+        s_down = tf.where(z < 0, relevance, tf.zeros_like(relevance)) / stabilize(z_down, STABILIZER)
+        return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
     r_pos = tf.where(z > 0, relevance, tf.zeros_like(relevance))
     r_neg = tf.where(z < 0, relevance, tf.zeros_like(relevance))
     return _split_contributions(a, r_pos, layer, up, down, bias_up, STABILIZER) + _split_contributions(
