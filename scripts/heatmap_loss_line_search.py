@@ -26,11 +26,14 @@ from heatinv.config import register
 from heatinv.losses import batch_unit, normalize_map, per_example_heatmap_loss
 
 
-def main(overrides: list[str]) -> None:
+def main(overrides: list[str]) -> dict:
+    """Print the measurements; return ``{"start": loss, "gradient": {step: loss}, "sign": {step: loss}}``."""
     register()
+    # paths.root's default reads Hydra's runtime folder, which a compose outside a run lacks.
+    if not any(o.startswith("paths.root=") for o in overrides):
+        overrides = [f"paths.root={os.path.join(os.getcwd(), 'outputs')}", *overrides]
     with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-        # paths.root's default reads Hydra's runtime folder, which a compose outside a run lacks.
-        cfg = compose("train", overrides=[f"paths.root={os.path.join(os.getcwd(), 'outputs')}", *overrides])
+        cfg = compose("train", overrides=overrides)
     parts = build_parts(cfg)
     problem = dataset_problem(cfg, parts.dataset, parts.reference)
     size = cfg.task.batch_size
@@ -68,14 +71,17 @@ def main(overrides: list[str]) -> None:
         "gradient": [g.numpy() / length for g in gradients],
         "sign": [np.sign(g.numpy()) for g in gradients],
     }
+    found = {"start": float(loss), "gradient": {}, "sign": {}}
     for name, steps in (("gradient", (1e-4, 1e-3, 1e-2, 1e-1)), ("sign", (1e-5, 1e-4, 1e-3))):
         for s in steps:
             for variable, w, d in zip(student.trainable_variables, start, directions[name]):
                 variable.assign(w - s * d)
             after, _ = heatmap_loss()
+            found[name][s] = after
             print(f"step {s:g} along the {name}: heatmap loss {after:.6f} ({after - float(loss):+.2e})")
     for variable, w in zip(student.trainable_variables, start):
         variable.assign(w)
+    return found
 
 
 if __name__ == "__main__":
