@@ -47,9 +47,8 @@ def main(overrides: list[str]) -> dict:
     per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
     unit = batch_unit(targets, cfg.loss.normalize)
 
-    def heatmap_loss():
-        explanation = explainer.explain(x, labels)
-        return float(tf.reduce_mean(per_example(explanation.relevance, targets, unit))), explanation.relevance
+    def heatmap_loss() -> float:
+        return float(tf.reduce_mean(per_example(explainer(x, labels), targets, unit)))
 
     with tf.GradientTape() as tape:
         explanation = explainer.explain(x, labels)
@@ -76,7 +75,7 @@ def main(overrides: list[str]) -> dict:
         for s in steps:
             for variable, w, d in zip(student.trainable_variables, start, directions[name]):
                 variable.assign(w - s * d)
-            after, _ = heatmap_loss()
+            after = heatmap_loss()
             found[name][s] = after
             print(f"step {s:g} along the {name}: heatmap loss {after:.6f} ({after - float(loss):+.2e})")
     for variable, w in zip(student.trainable_variables, start):
