@@ -47,12 +47,12 @@ def main(overrides: list[str]) -> dict:
     per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
     unit = batch_unit(targets, cfg.loss.normalize)
 
-    def heatmap_loss() -> float:
-        return float(tf.reduce_mean(per_example(explainer(x, labels), targets, unit)))
+    def heatmap_loss(relevance: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_mean(per_example(relevance, targets, unit))
 
     with tf.GradientTape() as tape:
         explanation = explainer.explain(x, labels)
-        loss = tf.reduce_mean(per_example(explanation.relevance, targets, unit))
+        loss = heatmap_loss(explanation.relevance)
     gradients = tape.gradient(loss, student.trainable_variables)
     maps = np.abs(explanation.relevance.numpy().reshape(size, -1))
     normalized = normalize_map(explanation.relevance, cfg.loss.normalize).numpy().reshape(size, -1)
@@ -75,7 +75,7 @@ def main(overrides: list[str]) -> dict:
         for s in steps:
             for variable, w, d in zip(student.trainable_variables, start, directions[name]):
                 variable.assign(w - s * d)
-            after = heatmap_loss()
+            after = float(heatmap_loss(explainer(x, labels)))
             found[name][s] = after
             print(f"step {s:g} along the {name}: heatmap loss {after:.6f} ({after - float(loss):+.2e})")
     for variable, w in zip(student.trainable_variables, start):
