@@ -16,7 +16,9 @@ import tensorflow as tf
 import numpy_graph
 from heatinv.lrp import LRP, UnsupportedLayerError, relevance
 from heatinv.lrp.canonize import Merge, canonize
-from heatinv.lrp.propagate import carry_bounds, forward, nonnegative_steps
+from heatinv.lrp import propagate
+from heatinv.lrp.composites import resolve
+from heatinv.lrp.propagate import carry_bounds, forward, logit_step, nonnegative_steps, rectified_steps
 from heatinv.lrp.rules import concatenation_rule, known_zero, product_rule, sum_rule
 
 L = keras.layers
@@ -550,6 +552,52 @@ def test_nonnegative_steps_by_hand():
     steps = canonize(keras.Model(inputs, outputs))
     names = {steps[i].name for i in nonnegative_steps(steps)}
     assert names == {"relu_conv", "pool", "relu6", "add"}
+
+
+def test_rectified_steps_by_hand():
+    """Which layers get no relevance where ``z <= 0`` (gamma skips its ``z < 0`` terms), worked out by hand."""
+    inputs = keras.Input((8, 8, 2))
+    first = L.Conv2D(3, 3, padding="same", activation="relu", name="first")(inputs)
+    pooled = L.MaxPooling2D(2, name="pool")(first)  # routes to the input holding the output's value
+    folded = L.ReLU(name="folded_relu")(L.BatchNormalization(name="bn")(L.Conv2D(3, 1, name="folded")(pooled)))
+    linear = L.Conv2D(3, 1, name="linear")(pooled)  # no ReLU: z < 0 outputs carry relevance
+    after_add = L.ReLU(name="relu_after_add")(L.Add(name="add")([linear, folded]))  # the ReLU is the sum's, not linear's
+    shared = L.Conv2D(3, 1, name="shared")(pooled)  # read by a ReLU and by a layer that is not one
+    leaky = L.LeakyReLU(0.1, name="leaky")(L.Conv2D(3, 1, activation="relu", name="under_leaky")(pooled))
+    gated = L.Conv2D(3, 1, activation="relu", name="gated")(pooled)  # its relevance is the product's, unscaled
+    gate = L.Conv2D(3, 1, activation="sigmoid", name="gate")(pooled)
+    merged = L.Concatenate(name="concat")(
+        [after_add, L.ReLU(name="shared_relu")(shared), shared, leaky, L.Multiply(name="times")([gated, gate])]
+    )
+    outputs = L.Dense(2, name="out")(L.Flatten(name="flatten")(merged))
+    steps = canonize(keras.Model(inputs, outputs))
+    rectified = lambda composite: {steps[i].name for i in rectified_steps(steps, resolve(composite), logit_step(steps))}
+    assert rectified("epsilon_gamma_box") == {"first", "folded"}
+    # flat does not scale by its input: the layers reading the pooling hand relevance to zeros
+    assert rectified({"dense": "epsilon", "conv": "flat"}) == {"folded"}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_skipping_the_rectified_terms_changes_neither_heatmap_nor_gradients(name, rng, monkeypatch):
+    """gamma with and without its ``z < 0`` terms behind a ReLU: the same map and weight gradients (float64)."""
+    model = graph(name)
+    x = tf.constant(inputs_for(model, rng))
+    target_map = tf.constant(rng.normal(0, 0.05, x.shape))
+    steps = canonize(model)
+    assert rectified_steps(steps, resolve("epsilon_gamma_box"), logit_step(steps))  # something is skipped here
+
+    def map_and_gradients():
+        lrp = LRP(model, "epsilon_gamma_box")
+        with tf.GradientTape() as tape:
+            heatmap = lrp(x, [0, 2])
+            loss = tf.reduce_sum(tf.square(heatmap - target_map))
+        return [heatmap, *tape.gradient(loss, model.trainable_variables)]
+
+    skipped = map_and_gradients()
+    monkeypatch.setattr(propagate, "rectified_steps", lambda *args: set())
+    full = map_and_gradients()
+    for got, want in zip(skipped, full):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-13 * float(tf.reduce_max(tf.abs(want))))
 
 
 def test_a_zero_bound_reaches_the_first_layers_as_a_number(rng):

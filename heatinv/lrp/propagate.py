@@ -27,7 +27,16 @@ from heatinv.lrp.canonize import (
 )
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
-from heatinv.lrp.rules import adjoint, concatenation_rule, known_zero, norm, product_rule, sum_rule, winner_takes_all
+from heatinv.lrp.rules import (
+    UNSCALED_RULES,
+    adjoint,
+    concatenation_rule,
+    known_zero,
+    norm,
+    product_rule,
+    sum_rule,
+    winner_takes_all,
+)
 
 OUTPUTS = ("logit", "activation")
 
@@ -164,6 +173,71 @@ def _is_relu(layer) -> bool:
     return isinstance(layer, keras.layers.Activation) and layer.activation in _RELUS
 
 
+def rectified_steps(steps: list[Step], composite: Composite, start: int) -> set[int]:
+    """The Linear steps whose relevance is zero wherever ``z <= 0``, known from the graph alone.
+
+    A rule that scales relevance by its input (every rule but flat and w^2), average pooling
+    and a sum hand an input of 0 no relevance. Max pooling (its winner holds the output's
+    value), reshapes, rearrangements, a concatenation and a ReLU pass relevance on only where
+    their output holds the same value (a ReLU: where its output is 0 its input is <= 0). So
+    the relevance of a tensor is zero wherever the tensor is, when every step that reads it
+    is of the first kind, or of the second kind with that property itself. A Linear step
+    whose output is such a tensor through a ReLU (its own activation, or the ReLU layers that
+    are its only readers) gets no relevance where ``z <= 0``, and the gamma rule skips its
+    ``z < 0`` terms there: the same values and, since the ReLU's gradient is zero there too,
+    the same gradients.
+
+    Example:
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+    ...                           keras.layers.Dense(2)])
+    >>> from heatinv.lrp.canonize import canonize
+    >>> from heatinv.lrp.composites import resolve
+    >>> sorted(rectified_steps(canonize(model), resolve("epsilon"), start=1))
+    [0]
+    """
+    first = first_linear_steps(steps)
+    readers: dict[int, list[int]] = {i: [] for i in range(len(steps))}
+    for i, step in enumerate(steps):
+        for source in step.sources:
+            if source != MODEL_INPUT:
+                readers[source].append(i)
+
+    def zero_for_zero(i: int) -> bool:
+        """Whether step ``i`` hands its source no relevance where the source is 0, given ``silent``."""
+        step = steps[i]
+        if i > start:
+            return True  # relevance starts below it: it hands none back
+        if isinstance(step, Linear):
+            return composite.rule_for(step.kind, is_first=i in first).name not in UNSCALED_RULES
+        if isinstance(step, Pool) and step.kind == "average":
+            return True
+        if isinstance(step, Merge) and step.kind in ("add", "average", "subtract"):
+            return True
+        passes_on = (
+            isinstance(step, (Pool, Reshape, Rearrange))
+            or (isinstance(step, Merge) and step.kind == "concatenate")
+            or (isinstance(step, Elementwise) and step.arguments is None and _is_relu(step.layer))
+        )
+        return passes_on and i in silent
+
+    silent: set[int] = set()  # steps whose output's relevance is zero wherever the output is
+    for i in range(len(steps) - 1, -1, -1):
+        if i != start and all(zero_for_zero(reader) for reader in readers[i]):
+            silent.add(i)
+    rectified = set()
+    for i, step in enumerate(steps):
+        if not isinstance(step, Linear) or i == start:
+            continue
+        if step.activation in _RELUS:
+            through_relu = i in silent
+        else:
+            relus = [r for r in readers[i] if isinstance(steps[r], Elementwise) and steps[r].arguments is None and _is_relu(steps[r].layer)]
+            through_relu = step.activation is None and readers[i] and relus == readers[i] and all(r in silent for r in relus)
+        if through_relu:
+            rectified.add(i)
+    return rectified
+
+
 def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]:
     """The input box ``[low, high]`` carried to the input of every first Linear step.
 
@@ -227,13 +301,16 @@ def backward(
     """
     first = first_linear_steps(steps)
     nonnegative = nonnegative_steps(steps)
+    rectified = rectified_steps(steps, composite, start)
     bounds = bounds or {}
     pending = {start: relevance}
     for i in range(start, -1, -1):
         if i not in pending:
             continue  # nothing of the explained score flows through this step
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
-        shares = _shares(step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative)
+        shares = _shares(
+            step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative, i in rectified
+        )
         for source, share in zip(step.sources, shares):
             if share is not None:
                 pending[source] = pending[source] + share if source in pending else share
@@ -242,7 +319,10 @@ def backward(
     return pending[MODEL_INPUT]
 
 
-def _shares(step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int]) -> list:
+def _shares(
+    step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
+    rectified: bool,
+) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
         kernel, bias = params
@@ -254,6 +334,8 @@ def _shares(step: Step, a, params, product, relevance: tf.Tensor, composite: Com
             known.update(low=box[0], high=box[1])
         elif rule.takes_sign and step.sources[0] in nonnegative:
             known["nonnegative"] = True
+        if rectified and rule.takes_rectified:
+            known["rectified"] = True
         return [rule(a, kernel, bias, relevance, step, **known)]
     if isinstance(step, Pool):
         redistribute = norm if step.kind == "average" else winner_takes_all

@@ -55,6 +55,8 @@ class Rule(Protocol):
     """Whether the rule takes ``nonnegative=True`` (the input is ``>= 0``) to skip its ``a-`` terms."""
     takes_product: bool
     """Whether the rule takes ``product=a W`` (the forward pass's, so it is not computed twice)."""
+    takes_rectified: bool
+    """Whether the rule takes ``rectified=True`` (``R`` is zero where ``z <= 0``) to skip its ``z < 0`` terms."""
 
     def __call__(
         self, a: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relevance: tf.Tensor, layer: LinearMap
@@ -197,7 +199,8 @@ def alpha_beta(
 
 
 def gamma(
-    a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative: bool = False, product: tf.Tensor | None = None
+    a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative: bool = False, rectified: bool = False,
+    product: tf.Tensor | None = None,
 ):
     """LRP-gamma (Montavon et al. 2019, generalized to signed inputs): favours positive evidence.
 
@@ -205,6 +208,9 @@ def gamma(
     ``W + gamma W-`` on negative ones), outputs with ``z < 0`` the other way round;
     biases become ``b + gamma b+`` and ``b + gamma b-``. Conv layers. ``nonnegative``: the
     input is ``>= 0`` by construction (a ReLU output), so ``a- = 0`` and its terms are skipped.
+    ``rectified``: ``R`` is zero wherever ``z <= 0`` by construction (the layer's ReLU is off
+    there and every rule above scales relevance by its input), so the ``z < 0`` terms, which
+    would redistribute zeros, are skipped.
     """
     w_pos = tf.maximum(kernel, 0.0)
     up = kernel + gamma * w_pos
@@ -213,6 +219,11 @@ def gamma(
     bias_down = bias + gamma * tf.minimum(bias, 0.0)
     product = _product(a, kernel, layer, product)
     z = product + bias
+    if rectified:  # R = 0 where z <= 0: only the z > 0 outputs, with W + gamma W+ on a+
+        if nonnegative:
+            z_up = product + gamma * layer.affine(a, w_pos, None) + bias_up
+            return a * layer.transpose(relevance / stabilize(z_up, STABILIZER), up, a)
+        return _split_contributions(a, relevance, layer, up, down, bias_up, STABILIZER)
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
         # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
@@ -265,6 +276,10 @@ def known_zero(bound) -> bool:
 def _one_example(bound, like: tf.Tensor) -> tf.Tensor:
     """A bound (a scalar, or an array that broadcasts to one input: per pixel or channel) shaped like ``like[:1]``."""
     return tf.convert_to_tensor(bound, dtype=like.dtype) + tf.zeros_like(like[:1])
+
+
+UNSCALED_RULES = ("flat", "wsquare")
+"""The rules whose relevance does not scale with the layer input: they give an input of 0 relevance."""
 
 
 def flat(a, kernel, bias, relevance, layer):
@@ -345,6 +360,8 @@ def make_rule(name: str, **params: float) -> Rule:
     # The sign-split rules can skip their a- terms when told the input is >= 0.
     rule.takes_sign = "nonnegative" in (fn.__kwdefaults__ or {})
     rule.takes_product = "product" in (fn.__kwdefaults__ or {})
+    # Rules that split outputs by the sign of z can skip the z < 0 side behind a ReLU.
+    rule.takes_rectified = "rectified" in (fn.__kwdefaults__ or {})
     return rule
 
 
