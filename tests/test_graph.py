@@ -577,14 +577,40 @@ def test_rectified_steps_by_hand():
     assert rectified({"dense": "epsilon", "conv": "flat"}) == {"folded"}
 
 
-@pytest.mark.parametrize("name", sorted(GRAPHS))
+def input_beside_a_relu() -> keras.Model:
+    """A ReLU output concatenated with the model input: the layer reading both gets z^B, which
+    hands zeros relevance (its bound terms), so the ReLU's convolution must not skip anything."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 1))
+    first = L.Conv2D(2, 3, padding="same", name="first")(inputs)
+    relu = L.Conv2D(2, 3, padding="same", activation="relu", name="relu")(first)
+    mixed = L.Conv2D(2, 1, name="mixed")(L.Concatenate()([inputs, relu]))  # reached by the input: z^B
+    return _finish(keras.Model(inputs, L.Dense(2)(L.Flatten()(mixed))), True, 0)
+
+
+def test_a_relu_read_through_a_zbox_layer_is_not_rectified():
+    with floatx("float64"):
+        steps = canonize(input_beside_a_relu())
+    assert {steps[i].name for i in rectified_steps(steps, resolve("epsilon_gamma_box"), logit_step(steps))} == set()
+    # with epsilon on that layer instead, the ReLU's zeros get no relevance
+    rectified = rectified_steps(steps, resolve({"first": "epsilon", "dense": "epsilon", "conv": "gamma"}), logit_step(steps))
+    assert {steps[i].name for i in rectified} == {"relu"}
+
+
+@pytest.mark.parametrize("name", [*sorted(GRAPHS), "input_beside_a_relu"])
 def test_skipping_the_rectified_terms_changes_neither_heatmap_nor_gradients(name, rng, monkeypatch):
-    """gamma with and without its ``z < 0`` terms behind a ReLU: the same map and weight gradients (float64)."""
-    model = graph(name)
+    """gamma with and without its ``z < 0`` terms behind a ReLU: the same map and weight gradients (float64).
+
+    The ReLU layer of ``input_beside_a_relu`` must not skip them: with the analysis forced to
+    return it, this test fails there.
+    """
+    with floatx("float64"):
+        model = input_beside_a_relu() if name == "input_beside_a_relu" else GRAPHS[name](True)
     x = tf.constant(inputs_for(model, rng))
     target_map = tf.constant(rng.normal(0, 0.05, x.shape))
     steps = canonize(model)
-    assert rectified_steps(steps, resolve("epsilon_gamma_box"), logit_step(steps))  # something is skipped here
+    if name in GRAPHS:
+        assert rectified_steps(steps, resolve("epsilon_gamma_box"), logit_step(steps))  # something is skipped here
 
     def map_and_gradients():
         lrp = LRP(model, "epsilon_gamma_box")

@@ -176,7 +176,7 @@ def _is_relu(layer) -> bool:
 def rectified_steps(steps: list[Step], composite: Composite, start: int) -> set[int]:
     """The Linear steps whose relevance is zero wherever ``z <= 0``, known from the graph alone.
 
-    A rule that scales relevance by its input (every rule but flat and w^2), average pooling
+    A rule that scales relevance by its input (every rule but flat, w^2 and z^B), average pooling
     and a sum hand an input of 0 no relevance. Max pooling (its winner holds the output's
     value), reshapes, rearrangements, a concatenation and a ReLU pass relevance on only where
     their output holds the same value (a ReLU: where its output is 0 its input is <= 0). So

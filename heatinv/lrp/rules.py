@@ -278,8 +278,8 @@ def _one_example(bound, like: tf.Tensor) -> tf.Tensor:
     return tf.convert_to_tensor(bound, dtype=like.dtype) + tf.zeros_like(like[:1])
 
 
-UNSCALED_RULES = ("flat", "wsquare")
-"""The rules whose relevance does not scale with the layer input: they give an input of 0 relevance."""
+UNSCALED_RULES = ("flat", "wsquare", "zbox")
+"""The rules that can give an input of 0 relevance: flat and w^2 ignore the input, z^B's bound terms do not scale with it."""
 
 
 def flat(a, kernel, bias, relevance, layer):
