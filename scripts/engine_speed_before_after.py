@@ -1,10 +1,12 @@
-"""Time the compiled heatmap of the chain models with another revision's engine and this one.
+"""Time the compiled heatmap or inverse step of the chain models with another revision's engine and this one.
 
     python scripts/engine_speed_before_after.py --before main
+    python scripts/engine_speed_before_after.py --before main --measure step --models cnn --batches 64,256
 
 Checks out ``heatinv/lrp`` of ``--before`` (a git revision) into a temporary package, then
-times ``heatmap_only`` (the compiled ``LRP.__call__``) of the bench's mlp and cnn with both
-engines on the same weights and inputs, interleaved in one process (alternating order,
+times ``heatmap_only`` (the compiled ``LRP.__call__``; ``--measure step``: the bench's
+``compiled`` inverse step, MSE and Adam, each engine on its own copy of the weights) of the
+bench's mlp and cnn with both engines on the same weights and inputs, interleaved in one process (alternating order,
 ``--repeats`` blocks of at least ``--min-time`` seconds), and prints the medians and their
 ratio, and the ratio of the CPU time per call (all threads). Ratios, not absolute times, are what a shared machine reports faithfully.
 """
@@ -45,6 +47,7 @@ def main() -> int:
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
     parser.add_argument("--composites", default="epsilon,epsilon_gamma_box", help="comma-separated composite names")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
+    parser.add_argument("--measure", choices=("heatmap", "step"), default="heatmap", help="what to time (default heatmap)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
@@ -52,7 +55,9 @@ def main() -> int:
 
     import heatinv.lrp as after
     from heatinv.data import load_digits
+    from heatinv.losses import HeatmapMatch, heatmap_loss
     from heatinv.models import Architecture, build_model
+    from heatinv.step import compile_step, make_optimizer
 
     with tempfile.TemporaryDirectory() as root:
         before = load_engine(args.before, root)
@@ -63,10 +68,19 @@ def main() -> int:
                 for batch in map(int, args.batches.split(",")):
                     x = tf.constant(np.concatenate([digits.x_test] * (1 + batch // len(digits.x_test)))[:batch])
                     y = tf.constant(np.resize(digits.y_test, batch).astype("int32"))
+                    target = tf.constant(after.LRP(build_model(Architecture(name), digits.num_classes, seed=1), composite)(x, y))
                     heatmaps = {}
                     for tag, engine in (("before", before), ("after", after)):
-                        explainer = engine.LRP(model, composite)
-                        heatmaps[tag] = tf.function(lambda x, y, e=explainer: tf.reduce_sum(e(x, y)))
+                        if args.measure == "heatmap":
+                            explainer = engine.LRP(model, composite)
+                            heatmaps[tag] = tf.function(lambda x, y, e=explainer: tf.reduce_sum(e(x, y)))
+                        else:
+                            student = build_model(Architecture(name), digits.num_classes, seed=0)
+                            step = compile_step(
+                                student, engine.LRP(student, composite), HeatmapMatch(heatmap_loss("mse")),
+                                make_optimizer("adam", 1e-3), "function",
+                            )
+                            heatmaps[tag] = lambda x, y, s=step: s(x, y, target)["loss"]
                         float(heatmaps[tag](x, y))  # trace and compile outside the timing
                     times = {"before": [], "after": []}
                     cpu = {"before": [], "after": []}

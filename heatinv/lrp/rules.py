@@ -73,8 +73,34 @@ def stabilize(z: tf.Tensor, epsilon: float) -> tf.Tensor:
     >>> stabilize(tf.constant([-1.0, 0.0, 2.0]), 0.5).numpy()
     array([-1.5,  0.5,  2.5], dtype=float32)
     """
-    sign = tf.where(z >= 0, tf.ones_like(z), -tf.ones_like(z))
-    return z + tf.convert_to_tensor(epsilon, dtype=z.dtype) * sign
+    epsilon = tf.convert_to_tensor(epsilon, dtype=z.dtype)
+    # scalar branches: one select over z, and no gradient to compute for them
+    return z + tf.where(z >= 0, epsilon, -epsilon)
+
+
+def stabilized_ratio(relevance: tf.Tensor, z: tf.Tensor, epsilon: float) -> tf.Tensor:
+    """``R / stab(z)``, for ``R`` and ``z`` of one shape.
+
+    Its gradient is written out, ``dR = g / stab(z)`` and ``dz = -dR * s``: two element-wise
+    ops where TensorFlow's gradient of a division takes five, and no reduction to undo a
+    broadcast (on the cnn's inverse step the divisions' gradients were a tenth of the time).
+
+    Example:
+    >>> stabilized_ratio(tf.constant([1.0, 1.0]), tf.constant([-1.0, 0.0]), 0.5).numpy()
+    array([-0.6666667,  2.       ], dtype=float32)
+    """
+    return _ratio(relevance, stabilize(z, epsilon))
+
+
+@tf.custom_gradient
+def _ratio(numerator: tf.Tensor, denominator: tf.Tensor):
+    quotient = numerator / denominator
+
+    def gradient(g):
+        to_numerator = g / denominator
+        return to_numerator, -to_numerator * quotient
+
+    return quotient, gradient
 
 
 def adjoint(fn: Callable[[tf.Tensor], tf.Tensor], x: tf.Tensor, cotangent: tf.Tensor) -> tf.Tensor:
@@ -102,7 +128,7 @@ def _split_contributions(
     a_pos, a_neg = tf.maximum(a, 0.0), tf.minimum(a, 0.0)
     kernels = [kernel_for_positive_inputs, kernel_for_negative_inputs]
     z = affine_sum(layer, [a_pos, a_neg], kernels) + bias
-    s = relevance / stabilize(z, stabilizer)
+    s = stabilized_ratio(relevance, z, stabilizer)
     to_positive, to_negative = transpose_each(layer, s, kernels, a)
     return a_pos * to_positive + a_neg * to_negative
 
@@ -155,7 +181,7 @@ def transpose_each(layer: LinearMap, s: tf.Tensor, kernels: list, like: tf.Tenso
 
 def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6, product: tf.Tensor | None = None):
     """LRP-epsilon (Bach et al. 2015): ``R_in = a * W^T (R / stab(a W + b))``. Dense layers."""
-    s = relevance / stabilize(_product(a, kernel, layer, product) + bias, epsilon)
+    s = stabilized_ratio(relevance, _product(a, kernel, layer, product) + bias, epsilon)
     return a * layer.transpose(s, kernel, a)
 
 
@@ -183,13 +209,13 @@ def alpha_beta(
     b_pos, b_neg = tf.maximum(bias, 0.0), tf.minimum(bias, 0.0)
     if nonnegative:
         if beta == 0:
-            s = relevance / stabilize(layer.affine(a, w_pos, b_pos), STABILIZER)
+            s = stabilized_ratio(relevance, layer.affine(a, w_pos, b_pos), STABILIZER)
             return a * layer.transpose(alpha * s, w_pos, a)
         # a >= 0: a W- = a W - a W+, so one map on top of the forward pass's a W.
         positive = layer.affine(a, w_pos, None)
         z_pos, z_neg = positive + b_pos, _product(a, kernel, layer, product) - positive + b_neg
-        s_pos = alpha * relevance / stabilize(z_pos, STABILIZER)
-        s_neg = beta * relevance / stabilize(z_neg, STABILIZER)
+        s_pos = alpha * stabilized_ratio(relevance, z_pos, STABILIZER)
+        s_neg = beta * stabilized_ratio(relevance, z_neg, STABILIZER)
         return a * transpose_sum(layer, [s_pos, -s_neg], [w_pos, w_neg], a)
     positive = _split_contributions(a, relevance, layer, w_pos, w_neg, b_pos, STABILIZER)
     if beta == 0:
@@ -222,7 +248,7 @@ def gamma(
     if rectified:  # R = 0 where z <= 0: only the z > 0 outputs, with W + gamma W+ on a+
         if nonnegative:
             z_up = product + gamma * layer.affine(a, w_pos, None) + bias_up
-            return a * layer.transpose(relevance / stabilize(z_up, STABILIZER), up, a)
+            return a * layer.transpose(stabilized_ratio(relevance, z_up, STABILIZER), up, a)
         return _split_contributions(a, relevance, layer, up, down, bias_up, STABILIZER)
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
@@ -230,8 +256,8 @@ def gamma(
         positive = layer.affine(a, w_pos, None)
         z_up = product + gamma * positive + bias_up
         z_down = product + gamma * (product - positive) + bias_down
-        s_up = tf.where(z > 0, relevance, tf.zeros_like(relevance)) / stabilize(z_up, STABILIZER)
-        s_down = tf.where(z < 0, relevance, tf.zeros_like(relevance)) / stabilize(z_down, STABILIZER)
+        s_up = stabilized_ratio(tf.where(z > 0, relevance, tf.zeros_like(relevance)), z_up, STABILIZER)
+        s_down = stabilized_ratio(tf.where(z < 0, relevance, tf.zeros_like(relevance)), z_down, STABILIZER)
         return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
     r_pos = tf.where(z > 0, relevance, tf.zeros_like(relevance))
     r_neg = tf.where(z < 0, relevance, tf.zeros_like(relevance))
@@ -258,7 +284,7 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
     z = _product(a, kernel, layer, product)
     if len(inputs) > 1:
         z = z + affine_sum(layer, inputs[1:], kernels[1:])
-    s = relevance / stabilize(z, STABILIZER)
+    s = stabilized_ratio(relevance, z, STABILIZER)
     # R_in = a W^T s + (-l) W+^T s + (-h) W-^T s
     return tf.add_n([x * to_x for x, to_x in zip(inputs, transpose_each(layer, s, kernels, a))])
 
