@@ -518,6 +518,35 @@ def test_stabilizer_takes_sign_0_as_plus_1() -> None:
     assert float(tape.gradient(first, m.layers[-1].bias)[0]) == pytest.approx(2.0, rel=1e-12)
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_stabilized_ratio_has_the_derivatives_of_a_division(order: int) -> None:
+    """R / stab(z), whose gradient heatinv writes out, against TensorFlow's own gradient of the
+    division in float64, first and second order, with z of both signs and exactly 0."""
+    from heatinv.lrp.rules import stabilize, stabilized_ratio
+
+    rng = np.random.default_rng(order)
+    relevance = tf.constant(rng.normal(size=(3, 5)))
+    z = tf.constant(np.concatenate([rng.normal(size=(3, 4)), np.zeros((3, 1))], axis=1))
+    cotangent = tf.constant(rng.normal(size=(3, 5)))
+
+    def derivatives(ratio):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch([relevance, z])
+            with tf.GradientTape() as inner:
+                inner.watch([relevance, z])
+                pairing = tf.reduce_sum(ratio(relevance, z) * cotangent)
+            first = inner.gradient(pairing, [relevance, z])
+            if order == 1:
+                return first
+            pairing = tf.reduce_sum(first[0] * first[1])  # a scalar that mixes both first derivatives
+        return outer.gradient(pairing, [relevance, z])
+
+    got = derivatives(lambda r, z: stabilized_ratio(r, z, 0.1))
+    want = derivatives(lambda r, z: r / stabilize(z, 0.1))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-14)
+
+
 # Pooling and a convolution, by hand (Input -> layer -> Flatten -> Dense, target class 0).
 #
 # norm (AveragePooling1D(2)): a = [3, -1, 4, 2] -> pooled [1, 3]; Dense w = [2, -1], b = 0:
@@ -842,23 +871,35 @@ def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype, rou
 
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
-@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dtype, size, routing) -> None:
-    """Windows of 1x1 (the identity), 2x2 and 3x3 over three channels, an odd input size (cropped
-    at the bottom and right), against a plain loop over the windows; integer values give ties."""
+    """Windows of 1x1 (the identity), 2x2, 3x3 and 4x4 over three channels, an odd input size
+    (cropped at the bottom and right), against a plain loop over the windows; integer values
+    give ties. The routing's derivative (what the inverse step differentiates) gathers a
+    cotangent from the same winners."""
     rng = np.random.default_rng(size)
     a = rng.integers(0, 4, size=(2, 7, 8, 3)).astype(np.float64)
     rows, cols = 7 // size, 8 // size
     relevance = rng.normal(size=(2, rows, cols, 3))
-    want = np.zeros_like(a)
+    cotangent = rng.normal(size=a.shape)
+    want, want_gradient = np.zeros_like(a), np.zeros_like(relevance)
     for b, i, j, c in np.ndindex(2, rows, cols, 3):
         window = a[b, i * size : (i + 1) * size, j * size : (j + 1) * size, c]
         first = np.argmax(window)  # numpy's argmax: the first maximal entry, row-major
-        want[b, i * size + first // size, j * size + first % size, c] = relevance[b, i, j, c]
+        winner = (b, i * size + first // size, j * size + first % size, c)
+        want[winner] = relevance[b, i, j, c]
+        want_gradient[b, i, j, c] = cotangent[winner]
 
     def pool(x):
         return tf.nn.max_pool2d(x, size, size, "VALID")
 
     pool.window = (size, size)
-    got = ROUTINGS[routing](tf.constant(a, dtype), tf.constant(relevance, dtype), pool)
+    relevance = tf.constant(relevance, dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(relevance)
+        got = ROUTINGS[routing](tf.constant(a, dtype), relevance, pool)
+        pairing = tf.reduce_sum(got * tf.constant(cotangent, dtype))
     np.testing.assert_array_equal(got.numpy(), want.astype(dtype.as_numpy_dtype))
+    np.testing.assert_array_equal(
+        tape.gradient(pairing, relevance).numpy(), tf.constant(want_gradient, dtype).numpy()
+    )
