@@ -894,12 +894,48 @@ def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dt
         return tf.nn.max_pool2d(x, size, size, "VALID")
 
     pool.window = (size, size)
-    relevance = tf.constant(relevance, dtype)
+    relevance, cotangent = tf.constant(relevance, dtype), tf.constant(cotangent, dtype)
+    probe = tf.constant(rng.normal(size=relevance.shape), dtype)
+    with tf.GradientTape() as outer:
+        outer.watch(cotangent)
+        with tf.GradientTape() as tape:
+            tape.watch(relevance)
+            got = ROUTINGS[routing](tf.constant(a, dtype), relevance, pool)
+            pairing = tf.reduce_sum(got * cotangent)
+        gathered = tape.gradient(pairing, relevance)
+        second = tf.reduce_sum(gathered * probe)
+    np.testing.assert_array_equal(got.numpy(), want.astype(dtype.as_numpy_dtype))
+    np.testing.assert_array_equal(gathered.numpy(), tf.constant(want_gradient, dtype).numpy())
+    # The derivative of the gathering is the routing again (of the probe).
+    np.testing.assert_array_equal(
+        outer.gradient(second, cotangent).numpy(), ROUTINGS[routing](tf.constant(a, dtype), probe, pool).numpy()
+    )
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_finite(routing) -> None:
+    """The derivative gathers the winner's cotangent only: an inf or NaN at an input that lost
+    its window (a = 0 against 1) does not reach the relevance's gradient."""
+    a = tf.constant([[1.0, 0.0], [0.0, 0.0]])[None, :, :, None]
+    relevance = tf.constant([[[[3.0]]]])
+    cotangent = tf.constant([[2.0, np.inf], [np.nan, -np.inf]])[None, :, :, None]
+
+    def pool(x):
+        return tf.nn.max_pool2d(x, 2, 2, "VALID")
+
+    pool.window = (2, 2)
     with tf.GradientTape() as tape:
         tape.watch(relevance)
-        got = ROUTINGS[routing](tf.constant(a, dtype), relevance, pool)
-        pairing = tf.reduce_sum(got * tf.constant(cotangent, dtype))
-    np.testing.assert_array_equal(got.numpy(), want.astype(dtype.as_numpy_dtype))
-    np.testing.assert_array_equal(
-        tape.gradient(pairing, relevance).numpy(), tf.constant(want_gradient, dtype).numpy()
-    )
+        pairing = tf.reduce_sum(ROUTINGS[routing](a, relevance, pool) * cotangent)
+    assert tape.gradient(pairing, relevance).numpy().ravel().tolist() == [2.0]
+
+
+def test_a_channels_first_max_pooling_has_no_window() -> None:
+    """The window routings lay out ``[batch, ..., channels]``: a channels-first layer goes
+    through max pooling's own gradient (its window is None); a channels-last one has one."""
+    from heatinv.lrp.canonize import Pool
+
+    for data_format, want in (("channels_first", None), ("channels_last", (2, 2))):
+        layer = L.MaxPooling2D(2, data_format=data_format)
+        keras.Sequential([keras.Input((4, 4, 4)), layer])
+        assert Pool(layer, "max").window == want

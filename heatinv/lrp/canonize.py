@@ -301,9 +301,15 @@ class Pool:
 
     @property
     def window(self) -> tuple[int, ...] | None:
-        """The pool size when windows tile the input without overlap or padding, else None."""
+        """The pool size when windows tile the input without overlap or padding, else None.
+
+        Channels-last layers only: the routings that use it lay out windows as ``[batch,
+        ..., channels]``; a channels-first layer is routed through its own gradient.
+        """
         size, strides = getattr(self.layer, "pool_size", None), getattr(self.layer, "strides", None)
         if size is None or tuple(size) != tuple(strides):
+            return None
+        if getattr(self.layer, "data_format", "channels_last") != "channels_last":
             return None
         spatial = self.layer.input.shape[1:-1]
         if self.layer.padding == "same" and any(d is None or d % s for d, s in zip(spatial, size)):

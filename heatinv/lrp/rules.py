@@ -436,7 +436,8 @@ def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tens
     if _gradient_kernel_differs():
         return _route_to_winners(a, relevance, window)
     size = window[0]
-    if len(window) == 2 and window[1] == size > 1 and size & (size - 1) == 0:
+    square = len(window) == 2 and window[1] == size > 1 and size & (size - 1) == 0
+    if square and a.dtype in (tf.float32, tf.float64):
         return _route_by_pool_gradient(a, relevance, pool, size)
     return adjoint(pool, a, relevance)
 
@@ -446,17 +447,21 @@ def _route_by_pool_gradient(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[
 
     The routing is max pooling's gradient (``MaxPoolGrad``); its derivative gathers each
     window's winner, here as the window's sum of the winners' mask times the cotangent, an
-    average pooling times the area (exact: one non-zero term, scaled by a power of two). The
-    mask is the same kernel's routing of ones, so both directions pick the same input among
-    ties. TensorFlow's own ``MaxPoolGradGrad`` finds the winners anew by a slower kernel: it
-    was a tenth of the cnn's inverse step at batch 256, this a third of that.
+    average pooling times the area: one non-zero term, scaled by a power of two and back,
+    exact for float32/64 down to the smallest normal number times the area (below it, the
+    CPU flushes to zero anyway; float16, whose range ends far sooner, keeps TensorFlow's
+    kernel). The mask is the same kernel's routing of ones, so both directions pick the same
+    input among ties, and a losing input's cotangent is dropped even when it is not finite.
+    TensorFlow's own ``MaxPoolGradGrad`` finds the winners anew by a slower kernel: it was a
+    tenth of the cnn's inverse step at batch 256, this a third of that.
     """
 
     @tf.custom_gradient
     def route(relevance):
         def gradient(g):
             mask = adjoint(pool, a, tf.ones_like(relevance))
-            return tf.nn.avg_pool2d(mask * g, size, size, "VALID") * (size * size)
+            picked = tf.math.multiply_no_nan(g, mask)  # 0 * inf at a losing input is 0, not NaN
+            return tf.nn.avg_pool2d(picked, size, size, "VALID") * (size * size)
 
         return adjoint(pool, a, relevance), gradient
 
