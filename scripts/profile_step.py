@@ -3,14 +3,14 @@
     python scripts/profile_step.py --composite epsilon_gamma_box --batch 256              # the inverse step
     python scripts/profile_step.py --composite epsilon_gamma_box --batch 256 --what keras_fit
 
-Builds the bench's cnn (or mlp) on random inputs in [0, 1) and a target from a second
-model, as ``python -m heatinv.bench`` does, warms the call up, times ``--calls`` calls, then
+Builds the bench's case (``heatinv.bench.make_runners``: the digits' held-out images, a
+target from a second model) and its variant, warms the call up, times ``--calls`` calls, then
 records ``--calls`` more with ``tf.profiler`` and prints the op time per call summed over
 the executor's threads (so it can exceed the wall time on several cores): by op type, split
 into the ops of the step's own pass (``pass``) and those of its gradient (``gradient``,
 TensorFlow's ``gradient_tape/`` ops), then the costliest single ops. ``--what``:
-``step`` (heatinv's compiled inverse step, MSE, Adam), ``keras_fit`` (Keras's own train
-function, sparse cross-entropy, Adam) or ``heatmap`` (the compiled heatmap alone).
+``step`` (the bench's ``compiled``: heatinv's inverse step, MSE, Adam), ``keras_fit``
+(Keras's own train function, sparse cross-entropy, Adam) or ``heatmap`` (``heatmap_only``).
 """
 
 from __future__ import annotations
@@ -35,40 +35,15 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=20, help="how many single ops to list")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
-    import numpy as np
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # the profiler's trace format: no public reader
 
-    from heatinv.losses import HeatmapMatch, heatmap_loss
-    from heatinv.lrp import LRP
-    from heatinv.models import Architecture, build_model
-    from heatinv.step import compile_step, make_optimizer
+    from heatinv.bench import Case, make_runners
+    from heatinv.data import load_digits
 
-    student = build_model(Architecture(args.model), 10, seed=0)
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.uniform(size=(args.batch, *student.input_shape[1:])).astype("float32"))
-    y = tf.constant(rng.integers(0, 10, args.batch).astype("int32"))
-    target = tf.constant(LRP(build_model(Architecture(args.model), 10, seed=1), args.composite)(x, y))
-    if args.what == "step":
-        step = compile_step(student, LRP(student, args.composite), HeatmapMatch(heatmap_loss("mse")), make_optimizer("adam", 1e-3), "function")
-
-        def call():
-            return float(step(x, y, target)["loss"])
-    elif args.what == "keras_fit":
-        student.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        student.make_train_function()
-        batches = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
-
-        def call():
-            return float(student.train_function(batches)["loss"])
-    else:
-        explainer = LRP(student, args.composite)
-        heatmap = tf.function(lambda x, y: tf.reduce_sum(explainer(x, y)), autograph=False)
-
-        def call():
-            return float(heatmap(x, y))
-
+    variant = {"step": "compiled", "keras_fit": "keras_fit", "heatmap": "heatmap_only"}[args.what]
+    (runner,) = make_runners(Case(args.model, args.composite, args.batch), load_digits(), (variant,), 1)
+    call = runner.call
     for _ in range(3):
         call()
     started = time.perf_counter()
