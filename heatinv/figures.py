@@ -2,8 +2,9 @@
 
 Relevance is drawn as LRP papers draw it: blue-white-red, white at zero, one symmetric scale
 for every heatmap panel of a figure so that colours compare across panels. A panel whose
-values are tiny next to that scale would be a blank tile; it is drawn amplified instead and
-its title says by how much (``x100``).
+values are tiny next to that scale would be a blank tile, and one whose values are several
+times the scale a saturated one; such a panel is drawn amplified or attenuated by a power of
+ten instead, and its title says by how much (``x100``, ``x0.1``).
 
 The figures are :class:`matplotlib.figure.Figure` objects built without ``pyplot`` (no global
 state, no display needed); :func:`save` writes them as PNG and SVG, :func:`to_rgb` renders one
@@ -36,6 +37,13 @@ from matplotlib.figure import Figure
 COLORMAP = "bwr"
 TINY = 0.05
 """A panel whose largest |value| is below this share of the figure's scale is drawn amplified."""
+SATURATED = 2.0
+"""A panel whose largest |value| is above this many times the figure's scale is drawn attenuated.
+
+Faint panels stay readable down to a few percent of the bar, so only tiny ones are
+amplified; a panel past the bar loses its structure to one colour soon after, as a
+manipulated student's map can (its total is its logit, free under a sum-normalized loss).
+"""
 
 SCORE_ORDER = ("cosine", "ssim", "pearson", "spearman", "loss")
 
@@ -70,16 +78,16 @@ def heatmap_figure(
     axes = fig.subplots(1, 5)
     _draw_image(axes[0], image, "input")
     panels = [("target", target_map), ("initial", initial_map), ("final", final_map), ("target - final", target_map - final_map)]
-    shown, amplified = None, False
+    shown, rescaled = None, False
     for ax, (name, values) in zip(axes[1:], panels):
         shown, factor = _draw_map(ax, values, scale, name)
-        amplified |= factor > 1
+        rescaled |= factor != 1
     fig.colorbar(shown, ax=list(axes[1:]), shrink=0.85, label="relevance")
     if title:
         fig.suptitle(title, fontsize=11)
     caption = _caption(scores)
-    if amplified:
-        caption += ("\n" if caption else "") + "a panel titled xN is drawn N times stronger than the colour bar says"
+    if rescaled:
+        caption += ("\n" if caption else "") + "a panel titled xN shows its values times N on the colour bar"
     if caption:
         fig.text(0.5, -0.02, caption, ha="center", va="top", fontsize=10)
     return fig
@@ -109,6 +117,8 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
 
     Each row's three heatmaps share one symmetric scale (the largest |value| of its reference
     and target), so the student is drawn on the target's scale; a colour bar per row gives it.
+    A panel far below or above that scale is drawn amplified or attenuated by a power of ten,
+    its title saying so (``x100``, ``x0.1``).
 
     Args:
         rows: the examples, one row each (at least one).
@@ -195,10 +205,12 @@ def _draw_map(ax, values: np.ndarray, scale: float, title: str):
     factor = 1
     if 0 < peak < TINY * scale:
         factor = 10 ** math.floor(math.log10(scale / peak))
+    elif peak > SATURATED * scale:
+        factor = 10.0 ** -math.ceil(math.log10(peak / scale))
     image = ax.imshow(values * factor, cmap=COLORMAP, vmin=-scale, vmax=scale, interpolation="none")
     if title:
-        title = f"{title} (x{factor:g})" if factor > 1 else title
-    elif factor > 1:
+        title = f"{title} (x{factor:g})" if factor != 1 else title
+    elif factor != 1:
         title = f"x{factor:g}"
     _frame(ax, title)
     return image, factor

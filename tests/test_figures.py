@@ -46,7 +46,23 @@ def test_tiny_panel_is_amplified_and_says_so():
     assert np.abs(drawn).max() == pytest.approx(0.3 * np.abs(target).max())
     # final == target: the difference is exactly zero, nothing to amplify, and the title stays plain
     assert axes[4].get_title() == "target - final"
-    assert "N times stronger" in " ".join(t.get_text() for t in fig.texts)
+    assert "times N" in " ".join(t.get_text() for t in fig.texts)
+
+
+def test_saturated_panel_is_attenuated_and_says_so():
+    image, target = _maps()
+    fig = heatmap_figure(image, target, target, 30 * target, {"cosine": 1.0})
+    axes = _image_axes(fig)
+    # 30 times the scale: 10 ** -ceil(log10(30)) = 0.01, drawn at 0.3 of the bar instead of all one colour
+    assert axes[3].get_title() == "final (x0.01)"
+    drawn = axes[3].images[0].get_array()
+    assert np.abs(drawn).max() == pytest.approx(0.3 * np.abs(target).max())
+    # at the scale itself (initial == target) and at 2x, the panel is drawn as it is
+    assert axes[2].get_title() == "initial"
+    assert "times N" in " ".join(t.get_text() for t in fig.texts)
+    fig = heatmap_figure(image, target, 2 * target, target)
+    assert _image_axes(fig)[2].get_title() == "initial"
+    assert "times N" not in " ".join(t.get_text() for t in fig.texts)
 
 
 def test_channels_are_summed_and_rgb_inputs_drawn_in_colour():
