@@ -260,6 +260,7 @@ def test_every_experiment_runs_through_the_command_line_with_the_debug_config(ex
     for key in ("cosine", "success_rate", "student_accuracy", "reference_accuracy", "agreement"):
         assert 0 <= metrics[key] <= 1 or key == "cosine", (key, metrics[key])
     assert f"agreement {metrics['agreement']:.3f}" in done.stdout
+    assert f"summaries and held-out evaluations {metrics['summaries_seconds']:.1f} s" in done.stdout
     assert metrics["manipulated_test_images"] > 0
     config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     if config["data"]["name"] == "digits":
