@@ -578,6 +578,7 @@ class DatasetTask:
         the title gives the held-out metrics ``test`` (the start's when None).
         """
         problem = self.problem
+        names = self.parts.dataset.class_names
         rows = []
         for b in problem.test_batches(self.parts.dataset):  # the first `count` manipulated held-out images
             picked = np.flatnonzero(b.chosen)[: count - len(rows)]
@@ -586,7 +587,7 @@ class DatasetTask:
             student_maps, _ = explain_all(self.explainer, b.x[picked], b.labels[picked])
             rows += [
                 Row(
-                    b.x[i], b.reference_maps[i], b.targets[i], student_maps[row], str(int(b.labels[i])),
+                    b.x[i], b.reference_maps[i], b.targets[i], student_maps[row], names[int(b.labels[i])],
                     float(cosine(student_maps[row][None], b.targets[i][None])[0]),
                 )
                 for row, i in enumerate(picked)

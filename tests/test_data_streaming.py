@@ -267,3 +267,21 @@ def test_the_reference_cache_key_follows_the_folders_files_without_reading_them(
     with open(changed, "ab") as handle:  # one more byte: size and modification time change
         handle.write(b"\0")
     assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) != first
+
+
+def test_the_figure_names_each_rows_class(tmp_path, shapes, monkeypatch):
+    from heatinv import manipulate
+    from heatinv.train import run
+
+    drawn = []
+
+    def recording(rows, *args, **kwargs):
+        drawn.append([row.label for row in rows])
+        return figure(rows, *args, **kwargs)
+
+    figure = manipulate.dataset_figure
+    monkeypatch.setattr(manipulate, "dataset_figure", recording)
+    streamed, _ = configs(tmp_path, shapes, "target=pattern", "task.epochs=1")
+    run(streamed)
+    assert drawn and all(drawn), drawn
+    assert {label for labels in drawn for label in labels} <= {"cross", "disk", "square"}, drawn
