@@ -22,16 +22,15 @@ from heatinv.build import explain_all
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.data import load_dataset
 from heatinv.models import load_model_file
+from heatinv.similarity import cosine_numpy
 from heatinv.targets import pattern_map
 
 
 def frame_cosines(model: keras.Model, x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(cosine [N], logits [N, classes])``: each held-out map against the frame at the images' size."""
     maps, logits = explain_all(ChannelSumLRP(model, "epsilon_gamma_box", low=0.0, high=1.0), x, labels)
-    flat = maps.reshape(len(maps), -1)
-    frame = pattern_map("frame", x.shape[1], width=x.shape[2])[..., 0].ravel()
-    cosine = flat @ frame / (np.linalg.norm(flat, axis=1) * np.linalg.norm(frame) + 1e-30)
-    return cosine, logits
+    frame = pattern_map("frame", x.shape[1], width=x.shape[2])[..., 0]
+    return cosine_numpy(maps.reshape(len(maps), -1), np.broadcast_to(frame.ravel(), (len(maps), frame.size))), logits
 
 
 def unit_report(model: keras.Model, x: np.ndarray) -> list[tuple[str, float, float, float]]:

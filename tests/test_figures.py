@@ -14,6 +14,11 @@ def _maps(seed=0, shape=(12, 10)):
     return rng.random(shape), rng.normal(size=shape)
 
 
+def _caption(fig) -> str:
+    """Every text line drawn below the panels (scores, notes), joined."""
+    return " ".join(t.get_text() for t in fig.texts)
+
+
 def _image_axes(fig):
     return [ax for ax in fig.axes if ax.images and ax.get_label() != "<colorbar>"]
 
@@ -31,7 +36,7 @@ def test_heatmap_figure_titles_panels_and_one_shared_scale():
     peak = np.abs(target).max()
     for ax in axes[1:]:
         assert ax.images[0].get_clim() == pytest.approx((-peak, peak))
-    texts = " ".join(t.get_text() for t in fig.texts)
+    texts = _caption(fig)
     assert "cosine 0.98765" in texts and "ssim 0.5" in texts  # six significant digits: 0.999995 is not "1"
     assert fig._suptitle.get_text() == "digit 7"
 
@@ -46,7 +51,7 @@ def test_tiny_panel_is_amplified_and_says_so():
     assert np.abs(drawn).max() == pytest.approx(0.3 * np.abs(target).max())
     # final == target: the difference is exactly zero, nothing to amplify, and the title stays plain
     assert axes[4].get_title() == "target - final"
-    assert "times N" in " ".join(t.get_text() for t in fig.texts)
+    assert "times N" in _caption(fig)
 
 
 def test_saturated_panel_is_attenuated_and_says_so():
@@ -59,10 +64,10 @@ def test_saturated_panel_is_attenuated_and_says_so():
     assert np.abs(drawn).max() == pytest.approx(0.3 * np.abs(target).max())
     # at the scale itself (initial == target) and at 2x, the panel is drawn as it is
     assert axes[2].get_title() == "initial"
-    assert "times N" in " ".join(t.get_text() for t in fig.texts)
+    assert "times N" in _caption(fig)
     fig = heatmap_figure(image, target, 2 * target, target)
     assert _image_axes(fig)[2].get_title() == "initial"
-    assert "times N" not in " ".join(t.get_text() for t in fig.texts)
+    assert "times N" not in _caption(fig)
 
 
 def test_channels_are_summed_and_rgb_inputs_drawn_in_colour():
