@@ -217,7 +217,8 @@ def validate(cfg) -> None:
     if cfg.target.kind not in allowed:
         raise ConfigError(
             f"Config value target.kind={cfg.target.kind!r} does not go with task.kind={cfg.task.kind!r}, which takes "
-            f"target.kind in {list(allowed)}. Pick one (e.g. target=pattern) or switch task (task=dataset)."
+            f"target.kind in {list(allowed)}. Pick one (e.g. target=pattern) or switch task "
+            f"(task={'dataset' if cfg.task.kind == 'single' else 'single'})."
         )
     if cfg.trainer.strategy != "none" and cfg.task.kind != "dataset":
         raise ConfigError(

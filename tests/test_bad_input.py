@@ -105,6 +105,14 @@ def test_out_of_range_config_values(config, override, key):
     expect(ConfigError, config(override), key)
 
 
+@pytest.mark.parametrize(
+    "overrides, fix",
+    [(("task=dataset", "target=digit7"), "task=single"), (("task=single", "target=swap"), "task=dataset")],
+)
+def test_a_target_of_the_other_task_names_the_task_that_takes_it(config, overrides, fix):
+    expect(ConfigError, config(*overrides), "does not go with", f"switch task ({fix})")
+
+
 def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("HYDRA_FULL_ERROR", None)
