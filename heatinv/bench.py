@@ -29,8 +29,10 @@ Variants:
     (``xla_loop=False``), ``multi_step_xla_loop`` compiles the loop into the XLA program
     (``xla_loop=True``); ``compile_step``'s default picks the latter for the mlp and the
     former for the cnn. Each record's ``auto_pick`` is what ``trainer.jit_compile=auto``
-    picks for the case's multi-step variants (:func:`heatinv.step.auto_mode`), and the
-    ratios compare that pick with the other mode. ``multi_step_xla_loop`` is skipped for the cnn unless named in
+    picks for the case (:func:`heatinv.step.auto_mode`), and the ratios compare that pick
+    with the other mode as the trainer runs it: at batch 1 (``task=single``, one image)
+    the multi-step loops, at larger batches (only ``task=dataset`` has them, one update per
+    call) ``compiled`` and ``compiled_xla``. ``multi_step_xla_loop`` is skipped for the cnn unless named in
     ``--variants``: there XLA's CPU while loop runs each update ~10x slower (~0.45 s per
     update at batch 64), which would dominate the run.
 ``keras_fit``, ``keras_fit_multi``, ``keras_fit_xla``
@@ -267,7 +269,7 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
 
     student, x, y, target = _data(case, dataset)
     loss_fn = heatmap_loss("mse")
-    # what trainer.jit_compile=auto runs for this case's multi-step variants
+    # what trainer.jit_compile=auto runs for this case
     pick = auto_mode(LRP(student, case.composite), case.batch, steps_per_execution)[0]
     runners = []
     for variant in variants:
@@ -437,11 +439,16 @@ def ratios(records: list[dict]) -> list[dict]:
                 add("default step / keras_fit", default, fit, "<=", GOAL_KERAS_RATIO, "compiled / keras_fit")
             if fastest and keras_best:
                 add("best step / best keras", fastest, keras_best, "<=", GOAL_KERAS_RATIO, f"{fastest['variant']} / {keras_best['variant']}")
-        graph_loop, xla_loop = get("multi_step"), get("multi_step_xla_loop" if model == "mlp" else "multi_step_xla")
-        if graph_loop and xla_loop and graph_loop.get("auto_pick"):
-            # trainer.jit_compile=auto's pick against the other mode, with the loop compile_step builds
-            picked, other = (xla_loop, graph_loop) if graph_loop["auto_pick"] == "xla" else (graph_loop, xla_loop)
-            add(f"auto ({graph_loop['auto_pick']}) / the other mode", picked, other, "<=", 1.0, f"{picked['variant']} / {other['variant']}")
+        # trainer.jit_compile=auto's pick against the other mode, each run as the trainer runs it:
+        # one image (task=single) as the loop compile_step builds, a batch (only task=dataset has
+        # batches) one update per call
+        if batch == 1:
+            graph, xla = get("multi_step"), get("multi_step_xla_loop" if model == "mlp" else "multi_step_xla")
+        else:
+            graph, xla = get("compiled"), get("compiled_xla")
+        if graph and xla and graph.get("auto_pick"):
+            picked, other = (xla, graph) if graph["auto_pick"] == "xla" else (graph, xla)
+            add(f"auto ({graph['auto_pick']}) / the other mode", picked, other, "<=", 1.0, f"{picked['variant']} / {other['variant']}")
         for suffix in ("", "_xla"):
             heat, fb = get("heatmap_only" + suffix), get("forward_backward" + suffix)
             if heat and fb:

@@ -449,7 +449,12 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple
       a ``tf.cond``, which XLA turned into selects and copies of every slot); VGG16 at 32x32
       (15M weights) took 2.8x the time for its heatmap with XLA (XLA's CPU convolutions),
       hence the size bound, which lies between the cnn's 20k weights and VGG16's;
-    - batch 64: the mlp's XLA loop took 0.9-1.8x the time, the cnn's XLA update 1.7x;
+    - larger batches, which only ``task=dataset`` runs, one update per call: the mlp's XLA
+      update took 1.08x / 0.89x the time of the graph's at batch 64 / 256 (no clear gain),
+      the cnn's 1.58x / 1.76x (``--variants compiled,compiled_xla``, 2026-12-03; the
+      mlp's loops of 25 updates, which no task runs at these batches, 0.65-0.82x); as a
+      user runs it, ``experiment=pattern_frame_mlp`` (440 updates at batch 64) spent
+      1.4-1.6x the loop's time with XLA, its compiling included;
     - models with merges (ResNet50, MobileNetV2): their heatmaps took 2-7x the time with XLA
       at batch 1.
 

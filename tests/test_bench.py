@@ -80,6 +80,22 @@ def test_ratios_and_quick_defaults():
     assert args.main_job == () and parse_args([]).main_job == (100, 1100) and parse_args(["--main-job", "0"]).main_job == ()
 
 
+def test_the_auto_row_compares_what_the_trainer_runs_at_each_batch():
+    def record(variant, ms, batch, pick):
+        return {"variant": variant, "model": "mlp", "composite": "epsilon", "batch": batch, "ms_median": ms,
+                "steps_per_second": 1e3 / ms, "auto_pick": pick}  # fmt: skip
+
+    # batch 1: the single task's loops; batch 64: the dataset task's one update per call,
+    # whose loops (never run by the trainer at that batch) must not decide the row
+    records = [record("multi_step", 2.0, 1, "xla"), record("multi_step_xla_loop", 1.0, 1, "xla"),
+               record("multi_step", 5.0, 64, "function"), record("multi_step_xla_loop", 3.0, 64, "function"),
+               record("compiled", 8.0, 64, "function"), record("compiled_xla", 10.0, 64, "function")]  # fmt: skip
+    rows = {(r["ratio"], r["batch"]): r for r in ratios(records)}
+    assert rows[("auto (xla) / the other mode", 1)]["value"] == pytest.approx(0.5)
+    assert rows[("auto (function) / the other mode", 64)]["value"] == pytest.approx(0.8)
+    assert rows[("auto (function) / the other mode", 64)]["met"]
+
+
 def test_bad_bench_arguments_exit_2():
     for argv in (["--main-job", "100"], ["--main-job", "200,100"], ["--composites", "nope"]):
         with pytest.raises(SystemExit) as stop:
