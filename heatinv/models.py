@@ -371,13 +371,21 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         if dataset.streamed:  # the folder's batches are decoded as fit reads them; an epoch's order from the seed
             train, validation = dataset.batches("train", 32, fit, shuffle_seed=seed), dataset.batches("train", 32, val)
             with reading(dataset.x_train):
-                model.fit(train, epochs=epochs, verbose=0, shuffle=False, validation_data=validation, callbacks=[progress, stop])
+                history = model.fit(
+                    train, epochs=epochs, verbose=0, shuffle=False, validation_data=validation, callbacks=[progress, stop]
+                )
         else:
             with dropping_known_notices():  # the array pipeline under op determinism: one harmless E0000 line
-                model.fit(
+                history = model.fit(
                     dataset.x_train[fit], dataset.y_train[fit], epochs=epochs, batch_size=32, verbose=0, shuffle=True,
                     validation_data=(dataset.x_train[val], dataset.y_train[val]), callbacks=[progress, stop],
                 )
+        # The progress display ends where early stopping ended the fit: say so, and which epoch is kept.
+        print(
+            f"heatinv: the reference {arch.name} trained {len(history.epoch)} of at most {epochs} epochs; "
+            f"kept epoch {stop.best_epoch + 1}, the lowest validation loss ({stop.best:.4g})",
+            flush=True,
+        )
         for layer, momentum in own_momentum.items():
             layer.momentum = momentum
         if own_momentum:  # the final weights' statistics, over the images the model was fitted on

@@ -7,6 +7,7 @@ second; the cache is checked without timing, by counting (or forbidding) calls t
 from __future__ import annotations
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -287,7 +288,7 @@ def test_reference_validates_on_training_images_never_on_the_test_set(dataset, m
     assert not set(map(np.ndarray.tobytes, seen["x"])) & set(map(np.ndarray.tobytes, np.asarray(x_val)))
 
 
-def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monkeypatch):
+def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monkeypatch, capsys):
     # On random labels the validation loss cannot keep improving: training must stop long
     # before 200 epochs, and the weights must be the best epoch's (EarlyStopping restores them).
     histories = []
@@ -309,6 +310,14 @@ def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monk
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y_val, logits) + sum(model.losses)
     # Keras's val_loss adds the L2 penalty; measured agreement with a recomputation ~1e-7.
     assert float(loss) == pytest.approx(min(val), rel=1e-5)
+    # The console says where the progress display stopped and which epoch was kept.
+    said = re.search(
+        r"the reference mlp trained (\d+) of at most 200 epochs; kept epoch (\d+), the lowest validation loss \(([^)]+)\)",
+        capsys.readouterr().out,
+    )
+    assert said, "no line on how the reference's training ended"
+    assert int(said[1]) == len(val) and int(said[2]) == int(np.argmin(val)) + 1
+    assert float(said[3]) == pytest.approx(min(val), rel=1e-3)  # printed to 4 digits
 
 
 REPRODUCE = """
