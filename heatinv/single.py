@@ -86,7 +86,12 @@ class SingleTask:
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.target.source)
         summaries.preformatted("diagnosis", format_report(self.findings, "before the first update"))
-        summaries.heatmaps_once(self.target.image[0], self.target.heatmap[0], self.initial[0])
+        if self.target.image.ndim == 4:
+            summaries.heatmaps_once(self.target.image[0], self.target.heatmap[0], self.initial[0])
+        else:  # a table: its relevance per feature as bars, the student's added by finish()
+            maps = {"target": self.target.heatmap[0], "initial": self.initial[0]}
+            figure = feature_figure(self.parts.dataset.feature_names, maps, f"target: {self.target.source}")
+            summaries.figure(0, figure, "heatmap/figure_initial")
 
     def calls(self, start: int) -> Iterator[Call]:
         trainer = self.cfg.trainer

@@ -288,6 +288,28 @@ def test_dataset_task_on_a_table_reports_the_feature_share(composed):
     assert (out / "heatmaps.png").exists()
 
 
+@pytest.mark.parametrize(
+    "target",
+    [("target=class", "target.label=1"), ("target=suppress_feature", "target.feature=worst area"),
+     ("target=swap_features", "target.feature=worst area", "target.like=mean radius")],
+    ids=["class", "suppress_feature", "swap_features"],
+)
+def test_single_task_on_a_table_runs_to_its_bar_chart(composed, target):
+    # A table has no image to draw: TensorBoard gets the bar chart of relevance per feature at
+    # the start (target, initial) and at the end (with the student), and no image tiles.
+    cfg, out = composed("data=tabular", *target)
+    metrics = run(cfg)
+    assert metrics["steps"] == cfg.trainer.steps and (out / "heatmaps.png").exists()
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert [e.step for e in events.Tensors("heatmap/figure_initial")] == [0]
+    assert [e.step for e in events.Tensors("heatmap/figure")] == [cfg.trainer.steps]
+    assert not any(tag in tags for tag in ("heatmap/input", "heatmap/target", "heatmap/current"))
+
+
 def test_single_task_on_npz_images_with_a_pattern(composed, shapes_npz):
     cfg, out = composed("data=npz", f"data.path={shapes_npz}", "model=cnn", "target=pattern", "target.pattern=frame", "target.label=1")
     parts = build_parts(cfg)
