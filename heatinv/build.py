@@ -70,6 +70,7 @@ def build_parts(cfg) -> Parts:
         flush=True,
     )
     default_box_to_data_range(cfg, dataset)
+    check_target_example(cfg, dataset)
     if cfg.model.name == "file":
         reference = load_model_file(cfg.model.path)
         check_model_fits(reference, dataset, cfg.model.path)
@@ -108,6 +109,32 @@ def default_box_to_data_range(cfg, dataset: Dataset) -> None:
             f"Config values lrp.low={cfg.lrp.low} and lrp.high={cfg.lrp.high} do not make an input box (low <= high, "
             f"a float or one value per channel/feature); the {dataset.name} data ranges from {np.min(dataset.low):.3g} "
             f"to {np.max(dataset.high):.3g}. Set both, or leave them unset (null) to use the data's range."
+        )
+
+
+def check_target_example(cfg, dataset: Dataset) -> None:
+    """The single task's held-out example (``target.label``, ``target.index``) exists in the data.
+
+    Checked before the reference trains, so a label of another data set (``target=digit7``,
+    the default, is class 7 of the digits) fails at once, with the classes this data has.
+    """
+    target = cfg.target
+    if cfg.task.kind != "single" or target.get("image"):
+        return
+    names = ", ".join(f"{i} ({name})" if str(name) != str(i) else str(i) for i, name in enumerate(dataset.class_names))
+    if target.label >= dataset.num_classes:
+        example = "target=class target.label=0" if target.kind == "class" else f"target.label=0 (with target={target.kind})"
+        raise ConfigError(
+            f"Config value target.label={target.label} is not a class of the {dataset.name} data, whose labels are "
+            f"{names} (target=digit7, the default, is the digits' shorthand for target=class target.label=7). Pick "
+            f"one of this data's classes, e.g. {example}."
+        )
+    count = int(np.count_nonzero(np.asarray(dataset.y_test) == target.label))
+    if target.index >= count:
+        raise ConfigError(
+            f"Config value target.index={target.index} asks for held-out example {target.index} (counting from 0) of "
+            f"class {target.label}, but the {dataset.name} data holds {count} held-out examples of that class; pick "
+            f"target.index from 0 to {count - 1}, or another target.label."
         )
 
 

@@ -21,6 +21,7 @@ from drawn_shapes import CLASSES, draw_shapes, write_folder, write_npz
 from heatinv import data
 from heatinv.build import build_parts, explainer_for
 from heatinv.channel_sum import ChannelSumLRP
+from heatinv.config import ConfigError
 from heatinv.feature_targets import feature_share, move_feature_relevance
 from heatinv.lrp import LRP
 from heatinv.layers import SoftplusBeta
@@ -237,7 +238,7 @@ def test_folder_with_a_file_that_is_no_image(config, tmp_path, where):
     # The split's seed decides which split the file lands in; reaching it in either (the
     # reference's training, or the held-out accuracy) stops the run the same way.
     seed = next(s for s in range(50) if _in_train(tmp_path, s) == (where == "train"))
-    cfg = config("data=folder", f"data.path={tmp_path}/shapes", "model=cnn", f"trainer.seed={seed}")
+    cfg = config("data=folder", f"data.path={tmp_path}/shapes", "model=cnn", f"trainer.seed={seed}", "target.label=0")
     expect(ValueError, cfg, "broken.png", "data.path", "cannot decode", "Remove or replace")
 
 
@@ -259,7 +260,7 @@ def test_model_file_that_does_not_fit_the_data(config, shapes_npz, tmp_path):
     model.save(tmp_path / "digits.keras")
     expect(
         ValueError,
-        config("data=npz", f"data.path={shapes_npz}", "model=file", f"model.path={tmp_path}/digits.keras"),
+        config("data=npz", f"data.path={shapes_npz}", "model=file", f"model.path={tmp_path}/digits.keras", "target.label=0"),
         "digits.keras", "(None, 28, 28, 1)", "(None, 10)", "(None, 32, 32, 3)", "3 outputs",
     )
 
@@ -268,6 +269,22 @@ def test_csv_without_the_label_column(config, tmp_path):
     (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=label"),
            "t.csv", "'label'", "data.label_column", "['a', 'b', 'outcome']")
+
+
+def test_a_class_the_data_lacks_fails_before_the_reference_trains(config, monkeypatch):
+    # target=digit7 (the default) on a two-class table: one paragraph with its classes and the
+    # fix, and no minutes spent training a reference first.
+    import heatinv.build
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the reference was built before the target's class was checked")
+
+    monkeypatch.setattr(heatinv.build, "reference_model", no_reference)
+    expect(ConfigError, config("data=tabular"), "target.label=7", "breast_cancer", "0 (malignant), 1 (benign)",
+           "target=class target.label=0")
+    expect(ConfigError, config("data=tabular", "target=pattern"), "target.label=0 (with target=pattern)")
+    expect(ConfigError, config("data=tabular", "target=class", "target.label=1", "target.index=1000"),
+           "target.index=1000", "held-out examples of that class", "pick target.index from 0 to")
 
 
 def test_unknown_feature_lists_the_features(config):
