@@ -70,7 +70,7 @@ def build_parts(cfg) -> Parts:
         flush=True,
     )
     default_box_to_data_range(cfg, dataset)
-    check_target_example(cfg, dataset)
+    check_target_fits_data(cfg, dataset)
     if cfg.model.name == "file":
         reference = load_model_file(cfg.model.path)
         check_model_fits(reference, dataset, cfg.model.path)
@@ -112,13 +112,20 @@ def default_box_to_data_range(cfg, dataset: Dataset) -> None:
         )
 
 
-def check_target_example(cfg, dataset: Dataset) -> None:
-    """The single task's held-out example (``target.label``, ``target.index``) exists in the data.
+def check_target_fits_data(cfg, dataset: Dataset) -> None:
+    """The target can be made for this data: a pattern needs images; the single task's held-out
+    example (``target.label``, ``target.index``) must exist.
 
     Checked before the reference trains, so a label of another data set (``target=digit7``,
     the default, is class 7 of the digits) fails at once, with the classes this data has.
     """
     target = cfg.target
+    if target.kind == "pattern" and not dataset.is_image:
+        raise ConfigError(
+            f"target=pattern draws on images; the {dataset.name} data gives feature vectors of shape "
+            f"{dataset.input_shape}. For a table use target=class (task=single), or target=suppress_feature / "
+            "target=swap_features with target.feature=<name> (either task)."
+        )
     if cfg.task.kind != "single" or target.get("image"):
         return
     names = ", ".join(f"{i} ({name})" if str(name) != str(i) else str(i) for i, name in enumerate(dataset.class_names))

@@ -271,7 +271,7 @@ def test_csv_without_the_label_column(config, tmp_path):
            "t.csv", "'label'", "data.label_column", "['a', 'b', 'outcome']")
 
 
-def test_a_class_the_data_lacks_fails_before_the_reference_trains(config, monkeypatch):
+def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config, monkeypatch, shapes_npz):
     # target=digit7 (the default) on a two-class table: one paragraph with its classes and the
     # fix, and no minutes spent training a reference first.
     import heatinv.build
@@ -282,7 +282,11 @@ def test_a_class_the_data_lacks_fails_before_the_reference_trains(config, monkey
     monkeypatch.setattr(heatinv.build, "reference_model", no_reference)
     expect(ConfigError, config("data=tabular"), "target.label=7", "breast_cancer", "0 (malignant), 1 (benign)",
            "target=class target.label=0")
-    expect(ConfigError, config("data=tabular", "target=pattern"), "target.label=0 (with target=pattern)")
+    expect(ConfigError, config("data=npz", f"data.path={shapes_npz}", "target=pattern"), "target.label=0 (with target=pattern)")
+    # a pattern needs an image, in either task
+    for task in ("task=single", "task=dataset"):
+        expect(ConfigError, config("data=tabular", "target=pattern", "target.label=0", task), "target=pattern draws on images",
+               "(30,)", "target=suppress_feature")
     expect(ConfigError, config("data=tabular", "target=class", "target.label=1", "target.index=1000"),
            "target.index=1000", "held-out examples of that class", "pick target.index from 0 to")
 
