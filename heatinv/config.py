@@ -215,9 +215,11 @@ def validate(cfg) -> None:
     single_kinds, dataset_kinds = ("class", "file", "pattern") + feature_kinds, ("pattern", "swap", "suppress") + feature_kinds
     allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds
     if cfg.target.kind not in allowed:
+        table = cfg.data.name in TABULAR_NAMES + ("csv",)
+        example = "target=suppress_feature target.feature=<name>" if table else "target=pattern"
         raise ConfigError(
             f"Config value target.kind={cfg.target.kind!r} does not go with task.kind={cfg.task.kind!r}, which takes "
-            f"target.kind in {list(allowed)}. Pick one (e.g. target=pattern) or switch task "
+            f"target.kind in {list(allowed)}. Pick one (e.g. {example}) or switch task "
             f"(task={'dataset' if cfg.task.kind == 'single' else 'single'})."
         )
     if cfg.trainer.strategy != "none" and cfg.task.kind != "dataset":

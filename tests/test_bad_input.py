@@ -110,7 +110,12 @@ def test_out_of_range_config_values(config, override, key):
     [(("task=dataset", "target=digit7"), "task=single"), (("task=single", "target=swap"), "task=dataset")],
 )
 def test_a_target_of_the_other_task_names_the_task_that_takes_it(config, overrides, fix):
-    expect(ConfigError, config(*overrides), "does not go with", f"switch task ({fix})")
+    expect(ConfigError, config(*overrides), "does not go with", f"switch task ({fix})", "e.g. target=pattern")
+
+
+def test_a_table_is_offered_a_target_for_tables(config):
+    expect(ConfigError, config("data=tabular", "task=dataset", "target=digit7"), "does not go with",
+           "e.g. target=suppress_feature target.feature=<name>")
 
 
 def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
