@@ -126,6 +126,15 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
             f"{dataset.input_shape}. For a table use target=class (task=single), or target=suppress_feature / "
             "target=swap_features with target.feature=<name> (either task)."
         )
+    shape = dataset.input_shape
+    entries = int(np.prod(shape[:-1] if dataset.is_image and target.channels == "sum" else shape))
+    if target.kind == "suppress" and target.top_k >= entries:
+        what = "features" if not dataset.is_image else "pixels" if target.channels == "sum" else "pixel channels"
+        raise ConfigError(
+            f"Config value target.top_k={target.top_k} would empty all {entries} {what} of a {dataset.name} heatmap, "
+            f"leaving no relevance to compare. Set target.top_k below {entries} "
+            f"(e.g. target.top_k={max(1, entries // 10)})."
+        )
     if cfg.task.kind != "single" or target.get("image"):
         return
     names = ", ".join(f"{i} ({name})" if str(name) != str(i) else str(i) for i, name in enumerate(dataset.class_names))

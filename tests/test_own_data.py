@@ -283,6 +283,9 @@ def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config,
     expect(ConfigError, config("data=tabular"), "target.label=7", "breast_cancer", "0 (malignant), 1 (benign)",
            "target=class target.label=0")
     expect(ConfigError, config("data=npz", f"data.path={shapes_npz}", "target=pattern"), "target.label=0 (with target=pattern)")
+    # suppress's top_k must leave some of the map
+    expect(ConfigError, config("data=tabular", "task=dataset", "target=suppress"), "target.top_k=50", "30 features",
+           "target.top_k=3")
     # a pattern needs an image, in either task
     for task in ("task=single", "task=dataset"):
         expect(ConfigError, config("data=tabular", "target=pattern", "target.label=0", task), "target=pattern draws on images",
