@@ -207,7 +207,7 @@ def test_a_failed_job_keeps_the_others_and_is_reported(tmp_path, cache_dir):
     with open(os.path.join(sweep_dir, ok["dir"], "metrics.json")) as f:
         assert json.load(f)["cosine"] == ok["metrics"]["cosine"]
     assert not os.path.exists(os.path.join(sweep_dir, failed["dir"], "metrics.json"))
-    assert "failed: #0 (ValueError" in result.stdout  # the sweep's last line says which job and why
+    assert "failed: #0 (ConfigError: Config value target.index=9999" in result.stdout  # the sweep's last line says which job and why
 
 
 # --------------------------------------------------------------------------- the HParams dashboard
