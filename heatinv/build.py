@@ -135,9 +135,12 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
             f"leaving no relevance to compare. Set target.top_k below {entries} "
             f"(e.g. target.top_k={max(1, entries // 10)})."
         )
-    if cfg.task.kind != "single" or target.get("image"):
-        return
     names = ", ".join(f"{i} ({name})" if str(name) != str(i) else str(i) for i, name in enumerate(dataset.class_names))
+    if cfg.task.kind == "dataset":
+        _check_dataset_classes(cfg, dataset, names)
+        return
+    if target.get("image"):
+        return
     if target.label >= dataset.num_classes:
         example = "target=class target.label=0" if target.kind == "class" else f"target.label=0 (with target={target.kind})"
         raise ConfigError(
@@ -152,6 +155,25 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
             f"class {target.label}, but the {dataset.name} data holds {count} held-out examples of that class; pick "
             f"target.index from 0 to {count - 1}, or another target.label."
         )
+
+
+def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
+    """``task.classes`` and ``swap``'s ``target.like`` name classes this data has."""
+    classes = list(cfg.task.classes or [])
+    asked = [("task.classes", classes, c) for c in classes]
+    if cfg.target.kind == "swap":
+        asked.append(("target.like", cfg.target.like, cfg.target.like))
+    for key, value, label in asked:
+        if not 0 <= label < dataset.num_classes:
+            raise ConfigError(
+                f"Config value {key}={value} names class {label}, which the {dataset.name} data does not have; its "
+                f"labels are {names}. Pick from these (e.g. {key}={'[0]' if key == 'task.classes' else 0})."
+            )
+        if key == "target.like" and not np.any(np.asarray(dataset.y_train) == label):
+            raise ConfigError(
+                f"Config value target.like={label}: the {dataset.name} data has no training example of that class to "
+                f"take the mean heatmap from. Pick a class with training examples: {names}."
+            )
 
 
 def in_float64(model: keras.Model) -> keras.Model:
@@ -363,6 +385,38 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     return DatasetProblem(
         train_targets, train_logits.astype(np.float32), train_chosen, test_maps, test_logits, test_targets, test_chosen, description
     )
+
+
+DATASET_EXAMPLES = 16
+"""``task=dataset``: how many held-out examples a diagnosis differentiates the heatmap term on (a
+batch, so a finding can say for how many of them a cause holds)."""
+
+
+def moved_examples(problem: DatasetProblem | StreamedProblem, dataset: Dataset, count: int = DATASET_EXAMPLES):
+    """The first ``count`` held-out examples whose heatmaps the dataset task's target moves.
+
+    Returns:
+        ``(x [n, *input_shape], labels [n], targets [n, *map_shape])``, ``n <= count``.
+
+    Raises:
+        ConfigError: the target moves no held-out example (``task.classes`` absent from the split).
+    """
+    xs, labels, targets = [], [], []
+    found = 0
+    for batch in problem.test_batches(dataset):
+        keep = np.flatnonzero(batch.chosen)[: count - found]
+        xs.append(batch.x[keep])
+        labels.append(batch.labels[keep])
+        targets.append(batch.targets[keep])
+        found += len(keep)
+        if found == count:
+            break
+    if not found:
+        raise ConfigError(
+            f"The dataset task's target ({problem.description}) moves no held-out example of the {dataset.name} data, "
+            "so there is no heatmap term to differentiate. Name in task.classes classes the held-out split has."
+        )
+    return np.concatenate(xs), np.concatenate(labels), np.concatenate(targets)
 
 
 def class_mean(maps: np.ndarray, labels: np.ndarray, label: int, batch_size: int = 256) -> np.ndarray:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Callable
@@ -53,7 +54,9 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_report
+from heatinv.atomic import write_json
+from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_report, moved_examples
+from heatinv.doctor import HeatmapObjective, diagnose
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
@@ -451,7 +454,10 @@ class DatasetTask:
         return validation
 
     def diagnose(self) -> list:
-        return []  # the doctor diagnoses one image's objective; the loop's reason stands alone here
+        """The doctor's findings for the heatmap term on the first held-out examples the target moves."""
+        x, labels, targets = moved_examples(self.problem, self.parts.dataset)
+        objective = HeatmapObjective(targets, self.explainer, self.cfg.loss.name, self.cfg.loss.delta, self.cfg.loss.normalize)
+        return diagnose(self.student, x, labels, objective, self.cfg.trainer.precision)
 
     def begin(self, summaries: Summaries) -> None:
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
@@ -550,6 +556,8 @@ class DatasetTask:
             "xla": self.xla,
             "xla_why": self.compiled.why if self.strategy is None else self.xla_why,
             "stopped_at_step": loop.stopped,
+            # the doctor's findings where vanished gradients stopped the run (not diagnosed otherwise)
+            "diagnosis": [finding.as_dict() for finding in loop.findings],
             "manipulated_test_images": self.manipulated,
             "target": self.problem.description,
             **early,
@@ -568,8 +576,11 @@ class DatasetTask:
         return metrics
 
     def write(self, out: str, metrics: dict) -> None:
-        """``metrics.json``, ``student.keras`` and ``heatmaps.png`` + ``.svg``: rows of held-out images (tables: bars per feature)."""
+        """``metrics.json``, ``student.keras`` and ``heatmaps.png`` + ``.svg``: rows of held-out images (tables: bars per
+        feature); ``doctor.json`` where vanished gradients stopped the run."""
         write_run_files(out, metrics, self.parts.student, self.final_figure)
+        if metrics["stopped_at_step"] is not None:
+            write_json(os.path.join(out, "doctor.json"), metrics["diagnosis"])
 
     def figure(self, test: dict | None = None, count: int = 6):
         """Held-out images, one row each: input, reference heatmap, target, student heatmap.

@@ -317,3 +317,58 @@ def test_doctor_cli_function_on_healthy_and_zero_residual_runs(composed, capsys)
     cfg, out = composed(*SMALL_RUN, "init=reference", "target=digit7")
     assert codes(run_doctor(cfg)) == ["zero-residual"]
     assert "zero-residual" in capsys.readouterr().out
+
+
+def test_doctor_diagnoses_the_dataset_task_on_the_examples_its_target_moves(composed, capsys, monkeypatch):
+    from heatinv.doctor import __main__ as doctor_cli
+
+    cfg, _ = composed(*SMALL_RUN, "task=dataset", "target=swap", "target.like=0", "task.classes=[1]")
+    seen = {}
+    real_diagnose = doctor_cli.diagnose
+
+    def recording(model, x, labels, objective, precision):
+        seen.update(x=x, labels=labels, target=objective.target)
+        return real_diagnose(model, x, labels, objective, precision)
+
+    monkeypatch.setattr(doctor_cli, "diagnose", recording)
+    assert doctor_cli.run_doctor(cfg) == []
+    # only class 1 moves, so only class-1 examples are differentiated, each towards class 0's mean map
+    assert seen["x"].shape[0] == doctor_cli.DATASET_EXAMPLES and set(seen["labels"].tolist()) == {1}
+    shares = seen["target"] / seen["target"].sum(axis=(1, 2, 3), keepdims=True)
+    assert np.allclose(shares, shares[:1], atol=1e-6)  # one map (the class mean), at each image's own total
+    assert "swap (classes [1]) target's heatmap term on 16 held-out examples" in capsys.readouterr().out
+    # a final ReLU with the activation explained: the dataset task's heatmap term dies as the single task's does
+    cfg, out = composed(*SMALL_RUN, "task=dataset", "target=pattern", "model.output_activation=relu",
+                        "lrp.output=activation", "trainer.seed=0")
+    assert "dead-output" in codes(doctor_cli.run_doctor(cfg))
+    assert "dead-output" in (out / "doctor.json").read_text()
+
+
+def test_dataset_task_stops_with_the_diagnosis_of_its_heatmap_term(composed, monkeypatch):
+    """When a dataset step's gradients all vanish, the stop carries the doctor's findings on the moved examples."""
+    import heatinv.manipulate as manipulate
+    import heatinv.train as train
+
+    # a final ReLU with its activation explained: some held-out examples' explained outputs are dead
+    cfg, out = composed(*SMALL_RUN, "task=dataset", "target=pattern", "task.epochs=1", "model.output_activation=relu",
+                        "lrp.output=activation", "trainer.seed=0")
+    real = manipulate.compile_step
+
+    def zeroing(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def wrapped(*a, **kw):
+            result = dict(step(*a, **kw))
+            if "zero_fractions" in result:
+                result["zero_fractions"] = tf.ones_like(result["zero_fractions"])
+            return result
+
+        wrapped.mode, wrapped.why = step.mode, step.why
+        return wrapped
+
+    monkeypatch.setattr(manipulate, "compile_step", zeroing)
+    with pytest.raises(train.GradientsVanished) as stop:
+        train.run(cfg)
+    assert "dead-output" in codes(stop.value.findings)
+    assert json.loads((out / "metrics.json").read_text())["diagnosis"][0]["code"] == "dead-output"
+    assert json.loads((out / "doctor.json").read_text())[0]["code"] == "dead-output"

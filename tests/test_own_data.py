@@ -292,6 +292,10 @@ def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config,
                "(30,)", "target=suppress_feature")
     expect(ConfigError, config("data=tabular", "target=class", "target.label=1", "target.index=1000"),
            "target.index=1000", "held-out examples of that class", "pick target.index from 0 to")
+    # the dataset task's classes, and the class whose mean heatmap swap hands out
+    expect(ConfigError, config("task=dataset", "target=pattern", "task.classes=[1,12]"), "task.classes=[1, 12]",
+           "class 12", "0, 1, 2, 3, 4, 5, 6, 7, 8, 9")
+    expect(ConfigError, config("task=dataset", "target=swap", "target.like=12"), "target.like=12", "class 12")
 
 
 def test_unknown_feature_lists_the_features(config):

@@ -10,10 +10,11 @@ import os
 import sys
 
 import hydra
+import numpy as np
 from omegaconf import DictConfig
 
 from heatinv.atomic import write_json
-from heatinv.build import build_parts, explainer_for, single_target
+from heatinv.build import DATASET_EXAMPLES, Parts, build_parts, dataset_problem, explainer_for, moved_examples, single_target
 from heatinv.config import ConfigError, register, validate
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.lrp import UnsupportedLayerError
@@ -22,19 +23,38 @@ from heatinv.lrp import UnsupportedLayerError
 def run_doctor(cfg) -> list:
     """Build the run's student and target as :func:`heatinv.train.run` would (:mod:`heatinv.build`), and diagnose them.
 
+    ``task=single`` diagnoses its one image's heatmap loss; ``task=dataset`` the heatmap term
+    of its objective on the first :data:`DATASET_EXAMPLES` held-out examples whose heatmaps the
+    target moves (the cross-entropy and teacher terms have gradients of their own).
+
     Returns:
         The findings, also written to ``doctor.json`` in the run directory.
     """
     validate(cfg)
     parts = build_parts(cfg)
-    target = single_target(cfg, parts.dataset, parts.reference)
+    if cfg.task.kind == "dataset":
+        x, labels, targets, what = dataset_examples(cfg, parts)
+    else:
+        target = single_target(cfg, parts.dataset, parts.reference)
+        x, labels, targets, what = target.image, target.label, target.heatmap, target.source
     explainer = explainer_for(parts.student, cfg)
-    objective = HeatmapObjective(target.heatmap, explainer, cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
-    findings = diagnose(parts.student, target.image, target.label, objective, cfg.trainer.precision)
+    objective = HeatmapObjective(targets, explainer, cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
+    findings = diagnose(parts.student, x, labels, objective, cfg.trainer.precision)
     os.makedirs(cfg.paths.output_dir, exist_ok=True)
     write_json(os.path.join(cfg.paths.output_dir, "doctor.json"), [f.as_dict() for f in findings])
-    print(format_report(findings, f"{cfg.init.kind} student, {target.source}"), flush=True)
+    print(format_report(findings, f"{cfg.init.kind} student, {what}"), flush=True)
     return findings
+
+
+def dataset_examples(cfg, parts: Parts) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """The dataset task's first :data:`DATASET_EXAMPLES` held-out examples that its target moves.
+
+    Returns:
+        ``(x [n, *input_shape], labels [n], targets [n, *map_shape], description)``.
+    """
+    problem = dataset_problem(cfg, parts.dataset, parts.reference)
+    x, labels, targets = moved_examples(problem, parts.dataset, DATASET_EXAMPLES)
+    return x, labels, targets, f"the {problem.description} target's heatmap term on {len(x)} held-out examples"
 
 
 @hydra.main(version_base="1.3", config_path="pkg://heatinv.configs", config_name="train")
