@@ -25,7 +25,7 @@ from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.explanation_cache import cached_explanations
 from heatinv.lrp import LRP
-from heatinv.models import REFERENCE_SEED, Architecture, accuracy, build_model, load_model_file, reference_model
+from heatinv.models import REFERENCE_SEED, Architecture, accuracy, build_model, in_float64, load_model_file, reference_model
 from heatinv.progress import Progress
 from heatinv.targets import Target, build_target
 
@@ -174,25 +174,6 @@ def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
                 f"Config value target.like={label}: the {dataset.name} data has no training example of that class to "
                 f"take the mean heatmap from. Pick a class with training examples: {names}."
             )
-
-
-def in_float64(model: keras.Model) -> keras.Model:
-    """The same model with float64 inputs, variables and arithmetic, and the same weights.
-
-    ``trainer.precision=float64`` trains this copy: feeding float64 inputs to a float32
-    model would still compute (and round) in float32.
-
-    Example:
-    >>> {w.dtype for w in in_float64(build_model(Architecture("mlp", hidden=(4,)))).weights}  # doctest: +SKIP
-    {'float64'}
-    """
-    clone = keras.models.clone_model(
-        model,
-        input_tensors=keras.Input(model.inputs[0].shape[1:], dtype="float64"),
-        clone_function=lambda layer: layer.__class__.from_config({**layer.get_config(), "dtype": "float64"}),
-    )
-    clone.set_weights(model.get_weights())
-    return clone
 
 
 def architecture(cfg) -> Architecture:

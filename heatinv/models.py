@@ -395,3 +395,23 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         if not was_deterministic:  # the rest of the run keeps TensorFlow's faster, non-deterministic kernels
             tf_config.disable_op_determinism()
     return model
+
+
+def in_float64(model: keras.Model) -> keras.Model:
+    """The same model with float64 inputs, variables and arithmetic, and the same weights.
+
+    ``trainer.precision=float64`` trains this copy, and the doctor differentiates it for its
+    float64 probe: feeding float64 inputs to a float32 model would still compute (and round)
+    in float32, and a gradient with respect to a float32 variable is rounded to float32.
+
+    Example:
+    >>> {w.dtype for w in in_float64(build_model(Architecture("mlp", hidden=(4,)))).weights}  # doctest: +SKIP
+    {'float64'}
+    """
+    clone = keras.models.clone_model(
+        model,
+        input_tensors=keras.Input(model.inputs[0].shape[1:], dtype="float64"),
+        clone_function=lambda layer: layer.__class__.from_config({**layer.get_config(), "dtype": "float64"}),
+    )
+    clone.set_weights(model.get_weights())
+    return clone

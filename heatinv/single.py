@@ -29,7 +29,7 @@ from heatinv.summaries import Summaries
 
 log = logging.getLogger(__name__)
 
-NOTHING_TO_LEARN = ("zero-residual", "dead-output", "all-zero")
+NOTHING_TO_LEARN = ("zero-residual", "dead-output", "vanished-signal", "all-zero")
 """Findings that leave the step nothing to follow: a run with one of them stops before step 1."""
 
 

@@ -372,3 +372,39 @@ def test_dataset_task_stops_with_the_diagnosis_of_its_heatmap_term(composed, mon
     assert "dead-output" in codes(stop.value.findings)
     assert json.loads((out / "metrics.json").read_text())["diagnosis"][0]["code"] == "dead-output"
     assert json.loads((out / "doctor.json").read_text())[0]["code"] == "dead-output"
+
+
+def test_an_untrained_mobilenetv2_in_inference_mode_is_a_vanished_signal():
+    """README ("Your own data and model"): a fresh MobileNetV2 at 32x32 gives all-zero gradients; the doctor names why.
+
+    Its BatchNorm layers hold their initial statistics, so z shrinks layer after layer to logits
+    of about 1e-13: the heatmap and every gradient are 0 in float32. In float64 the gradients are
+    about 1e-55, below float32's smallest subnormal (1.4e-45): a float64 probe that rounded them
+    to its float32 variables' dtype saw zeros too, and found no underflow.
+    """
+    from heatinv.targets import pattern_map
+
+    model = build_model(Architecture("mobilenetv2"), num_classes=3, seed=0, input_shape=(32, 32, 3))
+    x = np.random.default_rng(0).uniform(size=(1, 32, 32, 3)).astype("float32")
+    target = pattern_map("frame", 32, width=32)[None].astype("float32")
+    objective = HeatmapObjective(target, LRP(model, "epsilon_gamma_box", low=0.0, high=1.0))
+    findings = diagnose(model, x, 1, objective)
+    assert codes(findings) == ["vanished-signal", "underflow"]
+    faded, underflow = findings
+    assert "the heatmap and every gradient are exactly 0 in float32" in faded.message
+    assert faded.layer.startswith("block_") and "init=reference" in faded.fix
+    # one finding for the model's many variables, not one each
+    assert underflow.layer is None and f"of the {len(model.trainable_variables)} variables" in underflow.message
+
+
+def test_the_float64_probe_differentiates_float64_weights(mlp, image):
+    """The float64 probe of a float32 model: gradients in float64, equal to those of its float64 copy."""
+    from heatinv.models import in_float64
+
+    objective = HeatmapObjective(np.full(image.shape, 0.01, "float32"), LRP(mlp, "epsilon"))
+    probe = objective.probe(mlp, image, 3, tf.float64)
+    copy = in_float64(mlp)
+    expected = HeatmapObjective(objective.target, LRP(copy, "epsilon")).probe(copy, image, 3, tf.float64)
+    assert {g.dtype for g in probe.gradients.values()} == {tf.float64}
+    for name, gradient in probe.gradients.items():
+        np.testing.assert_array_equal(gradient.numpy(), expected.gradients[name].numpy())

@@ -65,6 +65,8 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
         + checks.softmax_saturated(objective, steps, probe)
         + checks.piecewise_linear(objective, steps, probe)
     )
+    if checks.all_zero(probe):  # a fading forward pass is the cause an underflow below would show
+        findings += checks.vanished_signal(steps, probe)
     # A zero residual is exact only at the working precision: in float64 the target's own
     # rounding reappears as a residual, which is not an underflow.
     # Non-finite values make the float32/float64 comparison unknown.

@@ -22,6 +22,9 @@ DEAD_UNITS_FRACTION = 0.9
 KERAS_PROBABILITY_CLIP = 1e-7
 """Keras's cross-entropy clips probabilities to [eps, 1 - eps] with this eps."""
 
+VANISHED_SIGNAL_RATIO = 1e-6
+"""A forward signal has vanished where a layer's mean |z| is below this share of the first layer's."""
+
 
 def _relu_like(fn) -> bool:
     return fn is keras.activations.relu
@@ -318,8 +321,12 @@ def softmax_saturated(objective, steps, probe: Probe) -> list[Finding]:
     ]
 
 
+UNDERFLOW_NAMED = 3
+"""Up to this many variables get an ``underflow`` finding each; more get one finding for all."""
+
+
 def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
-    findings = []
+    lost_by_name = []
     for name, g32 in probe32.gradients.items():
         g64 = probe64.gradients.get(name)
         if g32 is None or g64 is None:
@@ -334,17 +341,28 @@ def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
         alive = g64 != 0
         if not alive.any() or lost.sum() < 0.5 * alive.sum():
             continue
-        findings.append(
-            Finding(
-                "underflow",
-                name,
-                f"{int(lost.sum())} of the {int(alive.sum())} non-zero float64 gradient entries of {name} are "
-                f"exactly 0 in float32 (float64 magnitudes up to {_fmt(float(np.abs(g64[lost]).max()))}): they "
-                "underflow float32.",
-                "Compute in float64: trainer.precision=float64 (or rescale the loss so its gradients are larger).",
-            )
+        lost_by_name.append((name, int(lost.sum()), int(alive.sum()), float(np.abs(g64[lost]).max())))
+    fix = "Compute in float64: trainer.precision=float64 (or rescale the loss so its gradients are larger)."
+    if len(lost_by_name) > UNDERFLOW_NAMED:
+        lost, alive = sum(n for _, n, _, _ in lost_by_name), sum(n for _, _, n, _ in lost_by_name)
+        largest = max(m for *_, m in lost_by_name)
+        examples = ", ".join(name for name, *_ in lost_by_name[:UNDERFLOW_NAMED])
+        message = (
+            f"The gradients of {len(lost_by_name)} of the {len(probe32.gradients)} variables underflow float32 "
+            f"({examples}, ...): {lost} of their {alive} non-zero float64 entries are exactly 0 in float32 (float64 "
+            f"magnitudes up to {_fmt(largest)})."
         )
-    return findings
+        return [Finding("underflow", None, message, fix)]
+    return [
+        Finding(
+            "underflow",
+            name,
+            f"{lost} of the {alive} non-zero float64 gradient entries of {name} are exactly 0 in float32 (float64 "
+            f"magnitudes up to {_fmt(largest)}): they underflow float32.",
+            fix,
+        )
+        for name, lost, alive, largest in lost_by_name
+    ]
 
 
 def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:
@@ -365,6 +383,41 @@ def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:
             f"(max |gradient| = 0, loss {_fmt(probe.loss)}).",
             "Optimize through a smoothed copy: model.activation=softplus model.beta=10 (SoftplusBeta, "
             "Dombrowski et al. 2019), then check the result on the original ReLU model.",
+        )
+    ]
+
+
+def vanished_signal(steps, probe: Probe) -> list[Finding]:
+    """Every gradient is 0 because the forward pass itself fades out: layer after layer, z is a
+    small fraction of what came before (an untrained network whose BatchNorm layers, in
+    inference mode, still hold their initial statistics), so the explained score, the
+    relevance and every gradient through them round to 0. Meant for an all-zero probe that no
+    other check explained.
+
+    A fade, not a cut: the last two layers still carry a signal (a layer whose z is exactly 0,
+    such as a zeroed kernel, stops it instead, and is left to ``all-zero``).
+    """
+    sizes = [(step.name, float(np.mean(np.abs(z.numpy())))) for _, step, z in _pre_activations(steps, probe)]
+    if len(sizes) < 3:
+        return []
+    (first_name, first), (last_name, last) = sizes[0], sizes[-1]
+    floor = VANISHED_SIGNAL_RATIO * first
+    if not first > 0 or not all(0 < size < floor for _, size in sizes[-2:]):  # NaN compares false: not proven
+        return []
+    faded = next(name for name, size in sizes if size < floor)
+    logits = float(np.max(np.abs(probe.fwd.logits.numpy())))
+    lost = "the heatmap and every gradient" if probe.heatmap is not None and not np.any(probe.heatmap.numpy()) else "every gradient"
+    return [
+        Finding(
+            "vanished-signal",
+            faded,
+            f"The forward signal fades out: the mean |z| of a layer falls from {_fmt(first)} ({first_name}) to "
+            f"{_fmt(last)} ({last_name}), below a millionth of the first from {faded} on; the logits are at most "
+            f"{_fmt(logits)} in size, and {lost} are exactly 0 in {probe.dtype.name}. An untrained network whose "
+            "BatchNorm layers still hold their initial statistics (moving mean 0, variance 1), used in inference "
+            "mode, shrinks its signal this way.",
+            "Start from trained weights (init=reference), or give the BatchNorm layers statistics of the data "
+            "(train the model on it first).",
         )
     ]
 

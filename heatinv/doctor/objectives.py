@@ -16,7 +16,7 @@ from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, target_mask
 from heatinv.lrp.canonize import Linear, canonize
 from heatinv.lrp.propagate import Forward, forward
-from heatinv.models import variable_tag
+from heatinv.models import in_float64, variable_tag
 
 
 @dataclass
@@ -57,14 +57,20 @@ class HeatmapObjective:
 
     def probe(self, model: keras.Model, x, label, dtype: tf.DType) -> Probe:
         x = tf.cast(x, dtype)
+        explainer = self.explainer
+        if dtype == tf.float64 and any(tf.as_dtype(v.dtype) != tf.float64 for v in model.trainable_variables):
+            # Differentiated through a cast, a float32 variable's gradient is rounded to float32:
+            # a float64 probe needs float64 variables.
+            model = in_float64(model)
+            explainer = explainer.on(model)
         variables = model.trainable_variables
         loss_fn = heatmap_loss(self.loss, self.delta, self.normalize)
         with tf.GradientTape() as tape:
-            explanation = self.explainer.explain(x, label)
+            explanation = explainer.explain(x, label)
             loss = loss_fn(explanation.relevance, tf.cast(self.target, dtype))
         gradients = tape.gradient(loss, variables)
         names = [variable_tag(v) for v in variables]
-        return Probe(float(loss), _gradients_by_name(names, gradients), forward(self.explainer.steps, x), explanation.relevance, dtype)
+        return Probe(float(loss), _gradients_by_name(names, gradients), forward(explainer.steps, x), explanation.relevance, dtype)
 
 
 @dataclass

@@ -15,6 +15,8 @@ eagerly, inside ``tf.function`` and with ``jit_compile=True``.
 
 from __future__ import annotations
 
+import copy
+
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,6 +105,18 @@ class LRP:
         self.steps = canonize(model)
         self.top = logit_step(self.steps)
         self.composite = resolve(composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta)
+
+    def on(self, model: keras.Model) -> "LRP":
+        """This explainer's rules on another model of the same layers, e.g. its float64 copy.
+
+        Example:
+        >>> lrp64 = LRP(model).on(in_float64(model))  # doctest: +SKIP
+        """
+        other = copy.copy(self)
+        other.model = model
+        other.steps = canonize(model)
+        other.top = logit_step(other.steps)
+        return other
 
     def __call__(self, x, target) -> tf.Tensor:
         """The heatmap ``R``, same shape and dtype as ``x``."""
