@@ -274,7 +274,7 @@ class DatasetProblem:
         test_logits: ``[M, classes]`` the reference's held-out logits.
         test_targets: ``[M, H, W, 1]`` held-out targets.
         test_chosen: ``[M]`` bool, the held-out images whose heatmaps should move.
-        description: e.g. ``pattern (classes [1])``.
+        description: e.g. ``pattern frame (classes [1])``.
     """
 
     train_targets: np.ndarray
@@ -309,7 +309,7 @@ class StreamedProblem:
     Attributes:
         explainer: the reference's explainer.
         kind, classes, options: the arguments of ``dataset_targets``.
-        description: e.g. ``pattern (classes [1])``.
+        description: e.g. ``pattern frame (classes [1])``.
         explanations: ``{split: (heatmaps, logits)}``, the memory-mapped cache entries.
     """
 
@@ -347,7 +347,7 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     options = dict(
         pattern=target.pattern, pattern_path=target.path, like=target.like, top_k=target.top_k, **feature_options(cfg, dataset)
     )
-    description = f"{target.kind} ({'all classes' if classes is None else 'classes ' + str(classes)})"
+    description = f"{target_detail(target)} ({'all classes' if classes is None else 'classes ' + str(classes)})"
     if dataset.streamed:
         explain = _compiled_explain(explainer, dataset.input_shape)
         lrp_settings = OmegaConf.to_container(cfg.lrp, resolve=True)
@@ -398,6 +398,18 @@ def moved_examples(problem: DatasetProblem | StreamedProblem, dataset: Dataset, 
             "so there is no heatmap term to differentiate. Name in task.classes classes the held-out split has."
         )
     return np.concatenate(xs), np.concatenate(labels), np.concatenate(targets)
+
+
+def target_detail(target) -> str:
+    """The dataset task's target in words, e.g. ``pattern frame``, ``swap like class 0``, ``suppress_feature 'worst area'``."""
+    detail = {
+        "pattern": f"{target.pattern}" if target.pattern != "file" else f"file {target.path}",
+        "swap": f"like class {target.like}",
+        "suppress": f"top {target.top_k}",
+        "suppress_feature": f"{target.feature!r}",
+        "swap_features": f"{target.feature!r} like {target.like!r}",
+    }[target.kind]
+    return f"{target.kind} {detail}"
 
 
 def class_mean(maps: np.ndarray, labels: np.ndarray, label: int, batch_size: int = 256) -> np.ndarray:

@@ -277,7 +277,8 @@ def feature_figure(
         ax.barh(np.arange(len(shown)) + k * height, v[shown], height=height, label=label)
     ax.set_yticks(np.arange(len(shown)) + 0.4 - height / 2, [feature_names[i] for i in shown], fontsize=8)
     ax.axvline(0.0, color="black", linewidth=0.6)
-    ax.set_xlabel("relevance")
+    total = len(peak)
+    ax.set_xlabel("relevance" if len(shown) == total else f"relevance (the {len(shown)} of {total} features largest in any map)")
     ax.legend(fontsize=8, loc="lower right")
     if title:
         ax.set_title(title, fontsize=10)

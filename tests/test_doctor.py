@@ -336,7 +336,7 @@ def test_doctor_diagnoses_the_dataset_task_on_the_examples_its_target_moves(comp
     assert seen["x"].shape[0] == doctor_cli.DATASET_EXAMPLES and set(seen["labels"].tolist()) == {1}
     shares = seen["target"] / seen["target"].sum(axis=(1, 2, 3), keepdims=True)
     assert np.allclose(shares, shares[:1], atol=1e-6)  # one map (the class mean), at each image's own total
-    assert "swap (classes [1]) target's heatmap term on 16 held-out examples" in capsys.readouterr().out
+    assert "swap like class 0 (classes [1]) target's heatmap term on 16 held-out examples" in capsys.readouterr().out
     # a final ReLU with the activation explained: the dataset task's heatmap term dies as the single task's does
     cfg, out = composed(*SMALL_RUN, "task=dataset", "target=pattern", "model.output_activation=relu",
                         "lrp.output=activation", "trainer.seed=0")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from heatinv.figures import Row, dataset_figure, heatmap_figure, save, to_rgb
+from heatinv.figures import Row, dataset_figure, feature_figure, heatmap_figure, save, to_rgb
 
 
 def _maps(seed=0, shape=(12, 10)):
@@ -121,3 +121,12 @@ def test_bad_map_shapes_are_refused(bad):
 def test_empty_dataset_figure_is_refused():
     with pytest.raises(ValueError, match="at least one row"):
         dataset_figure([])
+
+
+def test_a_tables_bar_chart_says_which_features_it_shows():
+    names = [f"f{i}" for i in range(30)]
+    maps = {"target": np.linspace(0.0, 1.0, 30), "student": np.zeros(30)}
+    ax = feature_figure(names, maps, top=15).axes[0]
+    assert ax.get_xlabel() == "relevance (the 15 of 30 features largest in any map)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"f{i}" for i in range(15, 30)]  # largest at the top
+    assert feature_figure(names[:5], {k: v[:5] for k, v in maps.items()}).axes[0].get_xlabel() == "relevance"

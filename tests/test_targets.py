@@ -162,3 +162,19 @@ def test_missing_digit_image_is_refused(dataset):
     with pytest.raises(ValueError, match="index"):
         build_target("pattern", dataset, None, label=1, index=2)
 
+
+
+def test_the_dataset_tasks_target_is_named_with_what_it_moves():
+    from omegaconf import OmegaConf
+
+    from heatinv.build import target_detail
+
+    def named(**target):
+        return target_detail(OmegaConf.create({"pattern": "frame", "path": None, "like": 0, "top_k": 50, "feature": None, **target}))
+
+    assert named(kind="pattern") == "pattern frame"
+    assert named(kind="pattern", pattern="file", path="m.npy") == "pattern file m.npy"
+    assert named(kind="swap", like=3) == "swap like class 3"
+    assert named(kind="suppress", top_k=20) == "suppress top 20"
+    assert named(kind="suppress_feature", feature="worst area") == "suppress_feature 'worst area'"
+    assert named(kind="swap_features", feature="age", like="income") == "swap_features 'age' like 'income'"
