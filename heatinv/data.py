@@ -735,17 +735,43 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
         )
     label_at = header.index(label_column)
     features = [h for i, h in enumerate(header) if i != label_at]
-    try:
-        x = np.array([[float(v) for i, v in enumerate(row) if i != label_at] for row in body], np.float64)
-    except ValueError as error:
-        raise ValueError(
-            f"heatinv/data.py load_csv: '{file}' (data.path) has a non-numeric feature value ({error}); every "
-            f"column but the label ({label_column!r}) must hold numbers. Encode text columns as numbers first."
-        ) from error
+    x = _csv_numbers(file, rows, header, label_at)
     raw = [row[label_at].strip() for row in body]
+    if "" in raw:
+        line = 2 + next(i for i, row in enumerate(rows[1:]) if row and not row[label_at].strip())
+        raise ValueError(
+            f"heatinv/data.py load_csv: '{file}' (data.path) line {line} has no label (its {label_column!r} cell, "
+            "data.label_column, is empty). Label every row, or drop the unlabelled ones."
+        )
     names = sorted(set(raw))
     y = np.array([names.index(v) for v in raw], np.int64)
     return _standardized_table(x, y, os.path.splitext(os.path.basename(file))[0], tuple(names), tuple(features), test_fraction)
+
+
+def _csv_numbers(file: str, rows: list[list[str]], header: list[str], label_at: int) -> np.ndarray:
+    """The feature columns of a csv's rows as float64 ``[n, d]``; the first cell that is no finite number is an error."""
+    x = []
+    for line, row in enumerate(rows[1:], 2):
+        if not row:
+            continue
+        values = []
+        for i, cell in enumerate(row):
+            if i == label_at:
+                continue
+            try:
+                value = float(cell)
+            except ValueError:
+                value = None
+            if value is None or not np.isfinite(value):
+                what = "an empty cell (a missing value)" if not cell.strip() else f"{cell.strip()!r}, which is not a finite number"
+                raise ValueError(
+                    f"heatinv/data.py load_csv: '{file}' (data.path) line {line}, column {header[i]!r} holds {what}; "
+                    f"every column but the label ({header[label_at]!r}) must hold numbers. Fill or drop the rows with "
+                    "missing values, and encode text columns as numbers (e.g. one 0/1 column per category)."
+                )
+            values.append(value)
+        x.append(values)
+    return np.array(x, np.float64)
 
 
 def _standardized_table(x, y, name, class_names, feature_names, test_fraction) -> Dataset:

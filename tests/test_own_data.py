@@ -271,6 +271,26 @@ def test_csv_without_the_label_column(config, tmp_path):
            "t.csv", "'label'", "data.label_column", "['a', 'b', 'outcome']")
 
 
+@pytest.mark.parametrize(
+    "cell, fragments",
+    [
+        ("", ("line 3, column 'b'", "an empty cell (a missing value)")),
+        ("rome", ("line 3, column 'b'", "'rome', which is not a finite number", "one 0/1 column per category")),
+        ("nan", ("line 3, column 'b'", "'nan', which is not a finite number")),
+        ("inf", ("line 3, column 'b'", "'inf', which is not a finite number")),
+    ],
+)
+def test_csv_cell_that_is_no_number_is_named(config, tmp_path, cell, fragments):
+    (tmp_path / "t.csv").write_text(f"a,b,outcome\n1,2,x\n3,{cell},y\n5,6,x\n7,8,y\n")
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv", *fragments)
+
+
+def test_csv_row_without_a_label(config, tmp_path):
+    (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,\n5,6,x\n7,8,y\n")
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",
+           "line 3 has no label", "'outcome'")
+
+
 def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config, monkeypatch, shapes_npz):
     # target=digit7 (the default) on a two-class table: one paragraph with its classes and the
     # fix, and no minutes spent training a reference first.
