@@ -432,7 +432,12 @@ def load_npz(path: str) -> Dataset:
     for key, x in (("y_train", xs["x_train"]), ("y_test", xs["x_test"])):
         y = arrays[key]
         if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
-            raise _npz_error(file, f"{key} with shape {y.shape} and dtype {y.dtype}, expected [{len(x)}] integer labels", mnist=False)
+            found = f"{key} with shape {y.shape} and dtype {y.dtype}, expected [{len(x)}] integer labels"
+            if y.ndim == 2 and len(y) == len(x):
+                found += f" (one-hot or scores per class? save {key}.argmax(axis=1) instead)"
+            elif y.shape == (len(x),) and np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+                found += f" (whole numbers stored as floats: save {key}.astype('int64') instead)"
+            raise _npz_error(file, found, mnist=False)
         if y.size and y.min() < 0:
             raise _npz_error(file, f"{key} with a negative label {y.min()}, expected labels 0..k-1", mnist=False)
         ys[key] = y.astype(np.int64)

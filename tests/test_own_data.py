@@ -255,6 +255,19 @@ def test_npz_labels_out_of_range(config, tmp_path):
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/neg.npz"), "neg.npz", "negative label -1")
 
 
+def test_npz_labels_of_the_wrong_kind_get_the_line_that_fixes_them(config, tmp_path):
+    x, y = draw_shapes(12)
+    np.savez(tmp_path / "onehot.npz", x_train=x[:8], y_train=np.eye(3)[y[:8]], x_test=x[8:], y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/onehot.npz"), "y_train with shape (8, 3)",
+           "save y_train.argmax(axis=1) instead")
+    np.savez(tmp_path / "floats.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=y[8:].astype("float32"))
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/floats.npz"), "y_test with shape (4,) and dtype float32",
+           "save y_test.astype('int64') instead")
+    np.savez(tmp_path / "halves.npz", x_train=x[:8], y_train=y[:8] + 0.5, x_test=x[8:], y_test=y[8:])
+    message = expect(ValueError, config("data=npz", f"data.path={tmp_path}/halves.npz"), "expected [8] integer labels")
+    assert "instead" not in message  # 0.5, 1.5, ... are no labels to convert
+
+
 def test_model_file_that_does_not_fit_the_data(config, shapes_npz, tmp_path):
     model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
     model.save(tmp_path / "digits.keras")
