@@ -2,7 +2,12 @@
 
 Its own module, without TensorFlow: the sweep callbacks read it in the launcher's process,
 and the run's summaries in the job. A task writes those it measures (the single task has no
-success rate, the dataset task no single loss).
+success rate, the dataset task no single loss; only the dataset task on a table has
+``feature_share``, the moved feature's share of the held-out |relevance|, what a fairwashing
+sweep compares).
 """
 
-FINAL_METRICS = ("objective", "cosine", "ssim", "pearson", "spearman", "loss", "student_accuracy", "success_rate")
+FINAL_METRICS = (
+    "objective", "cosine", "ssim", "pearson", "spearman", "loss", "student_accuracy", "success_rate", "agreement",
+    "feature_share",
+)

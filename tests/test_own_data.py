@@ -347,6 +347,16 @@ def test_dataset_task_on_a_table_reports_the_feature_share(composed):
     assert 0 < metrics["reference_feature_share"] < 1 and 0 <= metrics["feature_share"] < 1
     assert 0 <= metrics["agreement"] <= 1
     assert (out / "heatmaps.png").exists()
+    assert metrics["target"] == "suppress_feature 'worst area' (all classes)"
+    # the HParams row holds what a fairwashing sweep compares
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    for name in ("feature_share", "agreement"):
+        (event,) = events.Tensors(f"final/{name}")
+        assert float(tensor_util.make_ndarray(event.tensor_proto)) == pytest.approx(metrics[name])
 
 
 @pytest.mark.parametrize(
