@@ -297,3 +297,27 @@ def test_digit7_default_run_reaches_the_readmes_near_1_cosine(tmp_path_factory, 
 
     first_seven = int(np.flatnonzero(load_digits().y_test == 7)[0])
     assert metrics["target"] == f"reference heatmap of digits test example #{first_seven} (class 7, index 0)"
+
+
+# --------------------------------------------------------------------------- the doctor's three questions
+
+
+def test_the_readmes_doctor_cases_are_what_the_script_prints(tmp_path):
+    """README ("Why are my gradients zero?") pastes ``python scripts/doctor_cases.py``'s output: it must still be that."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"```\n(Case \d.*?)```", (root / "README.md").read_text(), re.S)
+    assert len(blocks) == 3
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3"}  # the script caches its references there
+    done = subprocess.run([sys.executable, str(root / "scripts" / "doctor_cases.py")], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = set(done.stdout.splitlines())
+    for block in blocks:
+        for line in block.splitlines():
+            assert not line or line in printed, line
