@@ -204,7 +204,8 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
         loop.checkpoints_seconds += last_saved - started
         return path
 
-    log.info("heatinv: compiling the step (the first call traces it)")
+    if start < task.total:  # a run the doctor stopped before its first update has no step to compile
+        log.info("heatinv: compiling the step (the first call traces it)")
     with StopRequests() as requests:
         for call in task.calls(start):
             if requests.signal is not None:

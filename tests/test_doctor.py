@@ -267,13 +267,14 @@ def test_every_code_is_documented_and_reports_read_well():
 SMALL_RUN = ("model.hidden=[32,16]", "trainer.steps=5", "trainer.log_every=5")
 
 
-def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed):
+def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed, caplog):
     from heatinv.train import GradientsVanished, run
 
     # a random student whose target-class output is dead behind its final ReLU (seed 0, digit 7)
     cfg, out = composed(*SMALL_RUN, "model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
-    with pytest.raises(GradientsVanished) as stop:
+    with caplog.at_level("INFO"), pytest.raises(GradientsVanished) as stop:
         run(cfg)
+    assert "compiling the step" not in caplog.text  # nothing runs, so nothing is said to compile
     # the doctor's pre-run diagnosis finds it, so not a single step is run
     assert stop.value.step == 0 and "dead-output" in codes(stop.value.findings)
     metrics = json.loads((out / "metrics.json").read_text())
