@@ -169,6 +169,13 @@ def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
                 f"Config value {key}={value} names class {label}, which the {dataset.name} data does not have; its "
                 f"labels are {names}. Pick from these (e.g. {key}={'[0]' if key == 'task.classes' else 0})."
             )
+        if key == "task.classes" and not np.any(np.asarray(dataset.y_test) == label):
+            raise ConfigError(
+                f"Config value task.classes={value} names class {label}, which the {dataset.name} data's held-out "
+                f"split does not hold, so no held-out heatmap of it could be measured. Name classes the held-out "
+                f"split has (labels {sorted(set(np.asarray(dataset.y_test).tolist()))}), or give that class "
+                "held-out examples."
+            )
         if key == "target.like" and not np.any(np.asarray(dataset.y_train) == label):
             raise ConfigError(
                 f"Config value target.like={label}: the {dataset.name} data has no training example of that class to "

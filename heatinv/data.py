@@ -431,12 +431,15 @@ def load_npz(path: str) -> Dataset:
     ys = {}
     for key, x in (("y_train", xs["x_train"]), ("y_test", xs["x_test"])):
         y = arrays[key]
+        if y.shape == (len(x), 1):  # a column of labels, as keras.datasets.cifar10 gives them
+            y = y.reshape(-1)
         if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
-            found = f"{key} with shape {y.shape} and dtype {y.dtype}, expected [{len(x)}] integer labels"
+            found = f"{key} with shape {arrays[key].shape} and dtype {y.dtype}, expected [{len(x)}] integer labels"
             if y.ndim == 2 and len(y) == len(x):
                 found += f" (one-hot or scores per class? save {key}.argmax(axis=1) instead)"
             elif y.shape == (len(x),) and np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
-                found += f" (whole numbers stored as floats: save {key}.astype('int64') instead)"
+                as_int = f"{key}.reshape(-1).astype('int64')" if arrays[key].ndim == 2 else f"{key}.astype('int64')"
+                found += f" (whole numbers stored as floats: save {as_int} instead)"
             raise _npz_error(file, found, mnist=False)
         if y.size and y.min() < 0:
             raise _npz_error(file, f"{key} with a negative label {y.min()}, expected labels 0..k-1", mnist=False)

@@ -556,7 +556,7 @@ class DatasetTask:
             "xla": self.xla,
             "xla_why": self.compiled.why if self.strategy is None else self.xla_why,
             "stopped_at_step": loop.stopped,
-            # the doctor's findings where vanished gradients stopped the run (not diagnosed otherwise)
+            # empty unless vanished gradients stopped the run: a healthy dataset run is not diagnosed
             "diagnosis": [finding.as_dict() for finding in loop.findings],
             "manipulated_test_images": self.manipulated,
             "target": self.problem.description,

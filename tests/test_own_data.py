@@ -263,9 +263,27 @@ def test_npz_labels_of_the_wrong_kind_get_the_line_that_fixes_them(config, tmp_p
     np.savez(tmp_path / "floats.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=y[8:].astype("float32"))
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/floats.npz"), "y_test with shape (4,) and dtype float32",
            "save y_test.astype('int64') instead")
+    np.savez(tmp_path / "fcol.npz", x_train=x[:8], y_train=y[:8, None] * 1.0, x_test=x[8:], y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/fcol.npz"), "y_train with shape (8, 1)",
+           "save y_train.reshape(-1).astype('int64') instead")
     np.savez(tmp_path / "halves.npz", x_train=x[:8], y_train=y[:8] + 0.5, x_test=x[8:], y_test=y[8:])
     message = expect(ValueError, config("data=npz", f"data.path={tmp_path}/halves.npz"), "expected [8] integer labels")
     assert "instead" not in message  # 0.5, 1.5, ... are no labels to convert
+
+
+def test_npz_labels_as_a_column_are_read_as_labels(tmp_path):
+    x, y = draw_shapes(12)
+    np.savez(tmp_path / "column.npz", x_train=x[:8], y_train=y[:8, None].astype("uint8"), x_test=x[8:], y_test=y[8:, None])
+    ds = data.load_npz(str(tmp_path / "column.npz"))
+    assert ds.y_train.tolist() == y[:8].tolist() and ds.y_test.tolist() == y[8:].tolist()
+
+
+def test_a_dataset_class_without_held_out_examples_is_refused(config, tmp_path):
+    x, y = draw_shapes(12)
+    test_labels = np.where(y[8:] == 1, 0, y[8:])  # class 1 only in training
+    np.savez(tmp_path / "no1.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=test_labels)
+    expect(ConfigError, config("data=npz", f"data.path={tmp_path}/no1.npz", "task=dataset", "target=pattern", "task.classes=[1]"),
+           "task.classes=[1]", "held-out split does not hold", "(labels [0, 2])")
 
 
 def test_model_file_that_does_not_fit_the_data(config, shapes_npz, tmp_path):

@@ -163,7 +163,6 @@ def test_missing_digit_image_is_refused(dataset):
         build_target("pattern", dataset, None, label=1, index=2)
 
 
-
 def test_the_dataset_tasks_target_is_named_with_what_it_moves():
     from omegaconf import OmegaConf
 

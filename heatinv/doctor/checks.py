@@ -391,8 +391,8 @@ def vanished_signal(steps, probe: Probe) -> list[Finding]:
     """Every gradient is 0 because the forward pass itself fades out: layer after layer, z is a
     small fraction of what came before (an untrained network whose BatchNorm layers, in
     inference mode, still hold their initial statistics), so the explained score, the
-    relevance and every gradient through them round to 0. Meant for an all-zero probe that no
-    other check explained.
+    relevance and every gradient through them round to 0. Called for an all-zero probe, beside
+    what the other checks found (an underflow it causes, say).
 
     A fade, not a cut: the last two layers still carry a signal (a layer whose z is exactly 0,
     such as a zeroed kernel, stops it instead, and is left to ``all-zero``).
@@ -406,14 +406,15 @@ def vanished_signal(steps, probe: Probe) -> list[Finding]:
         return []
     faded = next(name for name, size in sizes if size < floor)
     logits = float(np.max(np.abs(probe.fwd.logits.numpy())))
-    lost = "the heatmap and every gradient" if probe.heatmap is not None and not np.any(probe.heatmap.numpy()) else "every gradient"
+    heatmap_zero = probe.heatmap is not None and not np.any(probe.heatmap.numpy())
+    lost = "the heatmap and every gradient are" if heatmap_zero else "every gradient is"
     return [
         Finding(
             "vanished-signal",
             faded,
             f"The forward signal fades out: the mean |z| of a layer falls from {_fmt(first)} ({first_name}) to "
             f"{_fmt(last)} ({last_name}), below a millionth of the first from {faded} on; the logits are at most "
-            f"{_fmt(logits)} in size, and {lost} are exactly 0 in {probe.dtype.name}. An untrained network whose "
+            f"{_fmt(logits)} in size, and {lost} exactly 0 in {probe.dtype.name}. An untrained network whose "
             "BatchNorm layers still hold their initial statistics (moving mean 0, variance 1), used in inference "
             "mode, shrinks its signal this way.",
             "Start from trained weights (init=reference), or give the BatchNorm layers statistics of the data "

@@ -16,7 +16,6 @@ eagerly, inside ``tf.function`` and with ``jit_compile=True``.
 from __future__ import annotations
 
 import copy
-
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
