@@ -114,3 +114,14 @@ def test_a_heatmap_loss_reaches_every_kernel(built, index, name):
     still = [v.path for v, g, moves in zip(kernels, gradients, moves_logit) if moves and not np.any(g.numpy() != 0)]
     assert not still, f"{composite}: no heatmap gradient for {still}"
     assert all(np.all(np.isfinite(g.numpy())) for g in gradients)
+
+
+@pytest.mark.parametrize("name", sorted(APPLICATIONS))
+def test_the_doctor_walks_every_application(built, name):
+    """Every check reads these graphs (merges of operands of different shapes: EfficientNet's and MobileNetV3's gates)."""
+    from heatinv.doctor import HeatmapObjective, diagnose
+
+    model, x = built(name)
+    target = np.random.default_rng(2).normal(size=x[:1].shape)
+    findings = diagnose(model, x[:1], 3, HeatmapObjective(target, LRP(model, "epsilon_gamma_box")), precision="float64")
+    assert not {f.code for f in findings} & {"non-finite", "all-zero", "vanished-signal"}, [f.message for f in findings]

@@ -409,3 +409,32 @@ def test_the_float64_probe_differentiates_float64_weights(mlp, image):
     assert {g.dtype for g in probe.gradients.values()} == {tf.float64}
     for name, gradient in probe.gradients.items():
         np.testing.assert_array_equal(gradient.numpy(), expected.gradients[name].numpy())
+
+
+def _gated_model() -> keras.Model:
+    """A squeeze-and-excitation gate (EfficientNet's): a Multiply of a [b, 8, 8, 4] map by a [b, 1, 1, 4] gate."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 2))
+    features = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="features")(inputs)
+    squeezed = keras.layers.GlobalAveragePooling2D(name="squeeze")(features)
+    gate = keras.layers.Dense(4, activation="sigmoid", name="gate")(squeezed)
+    gate = keras.layers.Reshape((1, 1, 4), name="gate_map")(gate)
+    gated = keras.layers.Multiply(name="excite")([features, gate])
+    logits = keras.layers.Dense(3, name="logits")(keras.layers.Flatten(name="flat")(gated))
+    return keras.Model(inputs, logits)
+
+
+def test_doctor_reads_each_layers_own_output_in_a_graph():
+    """The non-finite check walks every layer's output; a merge's operands of different shapes are no output of it.
+
+    EfficientNet's gates made the doctor stop with a NumPy error (it read the next step's
+    input as the previous step's output, here ``[features, gate]``).
+    """
+    model = _gated_model()
+    x = np.random.default_rng(0).uniform(size=(2, 8, 8, 2)).astype("float32")
+    objective = HeatmapObjective(np.full((2, 8, 8, 2), 0.01, "float32"), LRP(model, "epsilon"))
+    assert diagnose(model, x, np.array([0, 1]), objective) == []
+    gate = model.get_layer("gate")
+    gate.kernel.assign(np.full(gate.kernel.shape, np.nan, "float32"))
+    findings = diagnose(model, x, np.array([0, 1]), objective)
+    assert codes(findings) == ["non-finite"] and findings[0].layer == "gate"

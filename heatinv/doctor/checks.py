@@ -98,8 +98,7 @@ def _largest(values) -> str:
 def _forward_places(steps, probe: Probe):
     """(where, layer, values) from the input through every layer's output."""
     yield "the input", "input", probe.fwd.inputs[0]
-    for i, step in enumerate(steps):
-        output = probe.fwd.inputs[i + 1] if i + 1 < len(steps) else probe.fwd.outputs
+    for step, output in zip(steps, probe.fwd.values):
         yield f"the output of layer {step.layer.name}", step.layer.name, output
 
 

@@ -54,6 +54,8 @@ class Forward:
         logits: the explained scores, shape ``[batch, classes]``: the pre-activation of the
             last Dense/Conv step (or its reshaped output).
         outputs: the model's output (after any final activation).
+        values: the output of every step, ``values[i]`` from ``steps[i]`` (in a graph the
+            next step's input may be another step's output).
     """
 
     inputs: list
@@ -61,6 +63,7 @@ class Forward:
     products: list[tf.Tensor | None]
     logits: tf.Tensor
     outputs: tf.Tensor
+    values: list
 
 
 def forward(steps: list[Step], x: tf.Tensor) -> Forward:
@@ -92,7 +95,7 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
             values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, products, logits, values[-1])
+    return Forward(inputs, params, products, logits, values[-1], values)
 
 
 def logit_step(steps: list[Step]) -> int:
