@@ -117,6 +117,13 @@ def test_lrp_group_matches_registered_composites():
     assert registry - files == set(), f"registered composites without a configs/lrp file: {sorted(registry - files)}"
 
 
+def test_every_application_has_its_model_file():
+    from heatinv.models import APPLICATIONS
+
+    files = set(group_choices("model"))
+    assert set(APPLICATIONS) - files == set(), f"applications without a configs/model file: {sorted(set(APPLICATIONS) - files)}"
+
+
 def test_lrp_file_selects_its_own_composite(compose_train):
     for choice in group_choices("lrp"):
         assert compose_train(f"lrp={choice}").lrp.composite == choice
