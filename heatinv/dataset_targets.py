@@ -1,7 +1,9 @@
 """Targets over a whole dataset: where every image's explanation should move.
 
-All three manipulations keep each image's explained score: a target map has the same total
-relevance as the reference's own heatmap of that image, only placed elsewhere.
+All three manipulations keep the size of each image's explained score: a ``pattern`` or
+``swap`` target holds as much total relevance as the reference's own heatmap of that image
+(its absolute value: a negative total would turn the pattern into evidence against the
+class), only placed elsewhere; ``suppress`` keeps the total itself.
 
 - ``pattern``: a fixed map (square, cross, frame, or a file): "the explanation points at
   a fixed place, whatever the digit";
