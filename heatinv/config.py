@@ -189,6 +189,13 @@ def validate(cfg) -> None:
     _check_known_keys(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
+        if value not in allowed and key == "data.name":
+            raise ConfigError(
+                f"Config value data.name={value!r} names no data heatinv has: the bundled ones are data=digits, "
+                f"data=mnist (a local mnist.npz) and data=tabular with data.name={' or '.join(TABULAR_NAMES)} "
+                "(scikit-learn's tables). Data of your own: data=csv data.path=<file>.csv data.label_column=<column>, "
+                "data=npz data.path=<file>.npz, or data=folder data.path=<folder of class subfolders>."
+            )
         if value not in allowed:
             raise ConfigError(
                 f"Config value {key}={value!r} is not one of {list(allowed)}. "

@@ -146,3 +146,8 @@ def test_command_line_missing_model_file_is_one_message_exit_2_and_no_results(tm
     assert missing in message and "model.path" in message
     assert "Traceback" not in done.stderr
     assert not list(tmp_path.rglob("metrics.json"))
+
+
+def test_an_unknown_data_name_says_where_each_kind_of_data_goes(config):
+    expect(ConfigError, config("data=tabular", "data.name=iris"), "data.name='iris'", "data.name=breast_cancer or wine",
+           "data=csv data.path=<file>.csv data.label_column=<column>", "data=folder")
