@@ -251,4 +251,5 @@ def check_resumable(out: str, cfg) -> list[str]:
             f"made with ({'; '.join(refused)}). Resume with the run's own values (see {path}), or start over with "
             "trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
-    return [described[key] for key in changed]
+    # trainer.resume and trainer.overwrite say how this start treats the folder, not how the run trains
+    return [described[key] for key in changed if key not in ("trainer.resume", "trainer.overwrite")]

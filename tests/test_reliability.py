@@ -168,6 +168,8 @@ def test_dataset_task_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_pa
     resumed = dataset.run("killed", "trainer.resume=true", "trainer.log_every=1")  # a key a resume may change
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "after step 4 of 22" in resumed.stdout and "trainer.log_every: 2 -> 1" in resumed.stdout
+    assert "trainer.resume:" not in resumed.stdout  # the switch itself is no changed setting
+    assert "heatinv: 18 steps after resuming at step 4 in" in resumed.stdout + resumed.stderr
     assert_same_final_metrics(dataset.root / "killed", dataset.metrics, FINAL_DATASET)
 
 

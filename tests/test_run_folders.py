@@ -92,3 +92,15 @@ def test_a_run_is_named_after_its_overrides_and_resumes_from_the_printed_command
     start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
     assert start.group_name == f"{run_dir.parent.name}/{run_dir.name}"
     assert start.hparams["loss.name"].string_value == "l1"
+
+
+def test_a_resume_lists_the_settings_it_changes_not_its_own_switch(config, tmp_path):
+    from heatinv.checkpoints import check_resumable, save_run_config
+
+    out = str(tmp_path / "run")
+    before = config()
+    save_run_config(out, before)
+    assert check_resumable(out, config("trainer.resume=true")) == []
+    assert check_resumable(out, config("trainer.resume=true", "trainer.log_every=7")) == [
+        f"trainer.log_every: {before.trainer.log_every} -> 7"
+    ]
