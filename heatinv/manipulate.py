@@ -55,7 +55,9 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.atomic import write_json
-from heatinv.build import Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_report, moved_examples
+from heatinv.build import (
+    Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples,
+)
 from heatinv.doctor import HeatmapObjective, diagnose
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
@@ -240,27 +242,36 @@ def evaluate(explainer: LRP, x, labels, targets, chosen, threshold: float, refer
     return evaluate_batches(explainer, [(x, labels, targets, chosen)], threshold, reference_classes)
 
 
-def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classes) -> dict[str, float]:
+def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classes, feature: int | None = None) -> dict[str, float]:
     """:func:`evaluate` over ``(x, labels, targets, chosen)`` batches: only one batch's heatmaps are held at a time.
 
     Every metric is a mean of per-image values, so it does not depend on how the images are batched.
+    ``feature`` (a table's moved feature) adds ``feature_share``: its share of the absolute
+    relevance of all the images (:func:`heatinv.feature_targets.feature_share`).
     """
     scores: dict[str, list] = {name: [] for name in ("cosine", "ssim", "pearson", "spearman")}
     predicted, all_labels = [], []
+    feature_magnitude = total_magnitude = 0.0
     for x, labels, targets, chosen in batches:
         maps, logits = explain_all(explainer, x, labels)
         predicted.append(np.argmax(logits, -1))
         all_labels.append(np.asarray(labels))
+        if feature is not None:
+            magnitude = np.abs(np.asarray(maps, np.float64))
+            feature_magnitude += float(magnitude[:, feature].sum())
+            total_magnitude += float(magnitude.sum())
         if np.any(chosen):
             for name, values in per_sample_similarity(maps[chosen], targets[chosen]).items():
                 scores[name].append(values.numpy())
     predicted = np.concatenate(predicted)
     scores = {name: np.concatenate(v) if v else np.zeros(0, np.float32) for name, v in scores.items()}  # none chosen: NaN means, as before
+    shares = {} if feature is None else {"feature_share": feature_magnitude / max(total_magnitude, np.finfo(np.float64).tiny)}
     return {
         "student_accuracy": float(np.mean(predicted == np.concatenate(all_labels))),
         "agreement": agreement(predicted, reference_classes),
         **{name: float(values.mean()) for name, values in scores.items()},
         "success_rate": float(np.mean(scores["cosine"] >= threshold)),
+        **shares,
     }
 
 
@@ -298,6 +309,7 @@ class DatasetTask:
         task = cfg.task
         data = parts.dataset
         self.problem = dataset_problem(cfg, data, parts.reference)
+        self.moved_feature = feature_options(cfg, data).get("feature")  # a table's: its share is logged per epoch
         self.streamed = isinstance(self.problem, StreamedProblem)
         if self.streamed and cfg.trainer.strategy != "none":
             raise ValueError(
@@ -424,7 +436,9 @@ class DatasetTask:
                 self.manipulated += int(b.chosen.sum())
                 yield b.x, b.labels, b.targets, b.chosen
 
-        return evaluate_batches(self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes)
+        return evaluate_batches(
+            self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes, self.moved_feature
+        )
 
     def evaluate_validation(self) -> dict[str, float]:
         """The metrics of :func:`evaluate` on the validation split, agreement with the reference's classes there."""
@@ -504,6 +518,7 @@ class DatasetTask:
         self.epoch_evaluation_seconds.append(time.perf_counter() - started)
         summaries.scalars(epoch, TRAIN, train_terms)
         summaries.match(epoch, self.test)
+        share_note = f"  feature share {self.test['feature_share']:.2%}" if "feature_share" in self.test else ""
         validation_note = ""
         if self.validation is not None:
             validation = self._keep_if_best(epoch)
@@ -517,7 +532,7 @@ class DatasetTask:
         log.info(
             f"epoch {epoch}/{self.cfg.task.epochs}: loss {train_terms['loss']:.4g}  test cosine {self.test['cosine']:.3f}  "
             f"success {self.test['success_rate']:.2f}  accuracy {self.test['student_accuracy']:.3f}  "
-            f"agreement {self.test['agreement']:.3f}{validation_note}  (held-out evaluation {self.epoch_evaluation_seconds[-1]:.1f} s)"
+            f"agreement {self.test['agreement']:.3f}{share_note}{validation_note}  (held-out evaluation {self.epoch_evaluation_seconds[-1]:.1f} s)"
         )
         return {"test_cosine": self.test["cosine"]}
 

@@ -375,6 +375,10 @@ def test_dataset_task_on_a_table_reports_the_feature_share(composed):
     for name in ("feature_share", "agreement"):
         (event,) = events.Tensors(f"final/{name}")
         assert float(tensor_util.make_ndarray(event.tensor_proto)) == pytest.approx(metrics[name])
+    # and the share per epoch, the last epoch's from the same final weights as metrics.json's
+    per_epoch = events.Tensors("1_match_per_epoch/feature_share")
+    assert [e.step for e in per_epoch] == list(range(0, cfg.task.epochs + 1))  # step 0: the start
+    assert float(tensor_util.make_ndarray(per_epoch[-1].tensor_proto)) == pytest.approx(metrics["feature_share"], rel=1e-5)
 
 
 @pytest.mark.parametrize(
