@@ -59,6 +59,7 @@ from heatinv.build import (
     Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples,
 )
 from heatinv.doctor import HeatmapObjective, diagnose
+from heatinv.feature_targets import feature_share
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
@@ -251,21 +252,19 @@ def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classe
     """
     scores: dict[str, list] = {name: [] for name in ("cosine", "ssim", "pearson", "spearman")}
     predicted, all_labels = [], []
-    feature_magnitude = total_magnitude = 0.0
+    table_maps = []  # a table's maps, [N, d]: small, and never streamed
     for x, labels, targets, chosen in batches:
         maps, logits = explain_all(explainer, x, labels)
         predicted.append(np.argmax(logits, -1))
         all_labels.append(np.asarray(labels))
         if feature is not None:
-            magnitude = np.abs(np.asarray(maps, np.float64))
-            feature_magnitude += float(magnitude[:, feature].sum())
-            total_magnitude += float(magnitude.sum())
+            table_maps.append(maps)
         if np.any(chosen):
             for name, values in per_sample_similarity(maps[chosen], targets[chosen]).items():
                 scores[name].append(values.numpy())
     predicted = np.concatenate(predicted)
     scores = {name: np.concatenate(v) if v else np.zeros(0, np.float32) for name, v in scores.items()}  # none chosen: NaN means, as before
-    shares = {} if feature is None else {"feature_share": feature_magnitude / max(total_magnitude, np.finfo(np.float64).tiny)}
+    shares = {} if feature is None else {"feature_share": feature_share(np.concatenate(table_maps), feature)}
     return {
         "student_accuracy": float(np.mean(predicted == np.concatenate(all_labels))),
         "agreement": agreement(predicted, reference_classes),

@@ -53,17 +53,20 @@ class Forward:
             take it from here instead of computing the layer's largest product again.
         logits: the explained scores, shape ``[batch, classes]``: the pre-activation of the
             last Dense/Conv step (or its reshaped output).
-        outputs: the model's output (after any final activation).
         values: the output of every step, ``values[i]`` from ``steps[i]`` (in a graph the
             next step's input may be another step's output).
+        outputs: the model's output (after any final activation): the last step's value.
     """
 
     inputs: list
     params: list[tuple[tf.Tensor, tf.Tensor] | None]
     products: list[tf.Tensor | None]
     logits: tf.Tensor
-    outputs: tf.Tensor
     values: list
+
+    @property
+    def outputs(self) -> tf.Tensor:
+        return self.values[-1]
 
 
 def forward(steps: list[Step], x: tf.Tensor) -> Forward:
@@ -95,7 +98,7 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
             values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, products, logits, values[-1], values)
+    return Forward(inputs, params, products, logits, values)
 
 
 def logit_step(steps: list[Step]) -> int:
