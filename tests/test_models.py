@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from heatinv.data import Dataset
+from heatinv.explanation_cache import model_fingerprint
 from heatinv.models import (
     PATIENCE,
     Architecture,
@@ -203,6 +204,8 @@ def test_reference_model_trains_once_then_loads_from_cache(dataset, tmp_path, co
     for a, b in zip(first.get_weights(), second.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert second_accuracy == first_accuracy
+    # the run that trained the reference and the runs that load it key the explanation cache alike
+    assert model_fingerprint(second) == model_fingerprint(first)
     assert os.listdir(cache) == files  # no partial files, no second entry
     assert os.stat(cache / files[0]).st_mtime_ns == stamp
 
