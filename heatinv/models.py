@@ -132,7 +132,12 @@ def build_application(name: str, input_shape: tuple[int, ...], num_classes: int)
     >>> build_application("mobilenetv2", (32, 32, 3), 3).output.shape
     (None, 3)
     """
-    if len(input_shape) != 3 or min(input_shape[:2]) < APPLICATION_MIN_SIZE:
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"model={name} is an image network; the data gives feature vectors of shape {input_shape}. "
+            "Use model=mlp for a table."
+        )
+    if min(input_shape[:2]) < APPLICATION_MIN_SIZE:
         raise ValueError(
             f"model={name} needs images of at least {APPLICATION_MIN_SIZE}x{APPLICATION_MIN_SIZE} pixels; the data "
             f"gives inputs of shape {input_shape}. Resize the images (data=folder data.image_size=[32,32]) or use "
