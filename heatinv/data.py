@@ -489,7 +489,8 @@ def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed:
             "data.path at a folder with one subfolder of images per class (e.g. shapes/circle/*.png, "
             "shapes/square/*.png)."
         )
-    classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    # Hidden folders (.ipynb_checkpoints, .git) are no classes, as in keras.utils.image_dataset_from_directory.
+    classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)) and not d.startswith("."))
     if len(classes) < 2:
         raise ValueError(
             f"heatinv/data.py load_folder: the image folder '{folder}' (data.path) has {len(classes)} class "
@@ -518,10 +519,21 @@ def _split_files(folder: str, classes: list[str], test_split: float, seed: int):
     """
     paths, labels = [], []
     for label, name in enumerate(classes):
-        for root, _, files in sorted(os.walk(os.path.join(folder, name))):
-            found = sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
-            paths += [os.path.join(root, f) for f in found]
-            labels += [label] * len(found)
+        count = len(paths)
+        found = []
+        for root, folders, files in os.walk(os.path.join(folder, name)):
+            # Hidden entries are copies and metadata (Jupyter's checkpoints, macOS's ._name.png), not images.
+            folders[:] = [d for d in folders if not d.startswith(".")]
+            found.append((root, sorted(f for f in files if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."))))
+        for root, names in sorted(found):
+            paths += [os.path.join(root, f) for f in names]
+            labels += [label] * len(names)
+        if len(paths) == count:
+            raise ValueError(
+                f"heatinv/data.py load_folder: the class subfolder '{os.path.join(folder, name)}' (data.path) holds no "
+                f"images (.png/.jpg/.jpeg/.bmp/.gif); every subfolder of '{folder}' is a class, and a class "
+                "without images cannot be learned. Put its images there, or move the empty folder out."
+            )
     held_out = int(test_split * len(paths))
     if held_out < 1 or held_out >= len(paths):
         raise ValueError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import keras
@@ -229,6 +230,27 @@ def test_folder_with_one_class(config, tmp_path):
             os.remove(tmp_path / "one" / name / f)
         os.rmdir(tmp_path / "one" / name)
     expect(ValueError, config("data=folder", f"data.path={tmp_path}/one"), "['cross']", "at least two", "subfolder")
+
+
+def test_folder_with_an_empty_class(config, tmp_path):
+    write_folder(str(tmp_path / "shapes"), count=30)
+    os.mkdir(tmp_path / "shapes" / "triangle")
+    expect(ValueError, config("data=folder", f"data.path={tmp_path}/shapes"), "shapes/triangle", "holds no images", "move the empty folder out")
+
+
+def test_hidden_folders_and_files_are_neither_classes_nor_images(shapes_folder, tmp_path):
+    """Jupyter's .ipynb_checkpoints and macOS's ._name.png (no image) are skipped, as Keras skips hidden class folders."""
+    shutil.copytree(shapes_folder, tmp_path / "shapes")
+    first = sorted(os.listdir(tmp_path / "shapes" / "disk"))[0]
+    for hidden in ("shapes/.ipynb_checkpoints", "shapes/disk/.ipynb_checkpoints"):
+        os.mkdir(tmp_path / hidden)
+        shutil.copy(tmp_path / "shapes" / "disk" / first, tmp_path / hidden / "copy-checkpoint.png")
+    (tmp_path / "shapes" / "cross" / "._00001.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    ds = data.load_folder(str(tmp_path / "shapes"), (32, 32), 0.2, seed=0)
+    plain = data.load_folder(shapes_folder, (32, 32), 0.2, seed=0)
+    assert ds.class_names == plain.class_names == CLASSES
+    assert [os.path.relpath(p, tmp_path) for p in ds.x_train.paths] == [os.path.relpath(p, os.path.dirname(shapes_folder)) for p in plain.x_train.paths]
+    np.testing.assert_array_equal(ds.y_test, plain.y_test)
 
 
 @pytest.mark.parametrize("where", ["train", "test"])
