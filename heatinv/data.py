@@ -741,10 +741,15 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
         rows = list(csv.reader(handle))
     header = [h.strip() for h in rows[0]] if rows else []
     if label_column not in header:
+        other = next((name for sign, name in ((";", "semicolons"), ("\t", "tabs")) if len(header) == 1 and sign in header[0]), None)
+        fix = (
+            f"The header is one column holding {other}: heatinv reads comma-separated values; save the table "
+            "with commas (pandas: df.to_csv(path, index=False))."
+            if other else "Set data.label_column to the column holding each row's class."
+        )
         raise ValueError(
             f"heatinv/data.py load_csv: '{file}' (data.path) has no column {label_column!r} "
-            f"(data.label_column); its columns are {header}. Set data.label_column to the column holding "
-            "each row's class."
+            f"(data.label_column); its columns are {header}. {fix}"
         )
     body = [row for row in rows[1:] if row]
     if any(len(row) != len(header) for row in body):

@@ -324,6 +324,13 @@ def test_csv_without_the_label_column(config, tmp_path):
            "t.csv", "'label'", "data.label_column", "['a', 'b', 'outcome']")
 
 
+@pytest.mark.parametrize(("sign", "name"), [(";", "semicolons"), ("\t", "tabs")])
+def test_csv_separated_by_other_signs_says_so(config, tmp_path, sign, name):
+    (tmp_path / "t.csv").write_text(f"a{sign}b{sign}outcome\n1{sign}2{sign}0\n3{sign}4{sign}1\n")
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"),
+           "t.csv", "'outcome'", f"one column holding {name}", "save the table with commas")
+
+
 @pytest.mark.parametrize(
     "cell, fragments",
     [
