@@ -423,6 +423,11 @@ def load_npz(path: str) -> Dataset:
             x = x[..., None]
         if x.ndim not in (2, 4):
             raise _npz_error(file, f"{key} with shape {x.shape}, expected images [N, H, W, C] or features [N, d]", mnist=False)
+        if x.ndim == 4 and x.shape[1] in (1, 3, 4) and x.shape[3] not in (1, 3, 4):
+            raise _npz_error(
+                file, f"{key} with shape {x.shape}, channels first (PyTorch's [N, C, H, W]) while heatinv takes channels "
+                f"last [N, H, W, C] (save np.transpose({key}, (0, 2, 3, 1)) instead)", mnist=False,
+            )
         if not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating)):
             raise _npz_error(file, f"{key} with dtype {x.dtype}, expected uint8 images or float values", mnist=False)
         if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):

@@ -88,6 +88,13 @@ def build_model(
         )
     if arch.name == "cnn" and arch.pool not in POOLING:
         raise ValueError(f"Unknown pooling {arch.pool!r} (model.pool); expected one of {list(POOLING)}.")
+    smallest = 2 ** len(arch.filters)  # each pooling (or stride 2) halves the height and width
+    if arch.name == "cnn" and POOLING[arch.pool] is not None and min(input_shape[:2]) < smallest:
+        raise ValueError(
+            f"model=cnn with {len(arch.filters)} convolutions (model.filters={list(arch.filters)}), each followed by a 2x2 "
+            f"pooling, needs images of at least {smallest}x{smallest} pixels; the data gives {input_shape[0]}x{input_shape[1]} "
+            f"(shape {input_shape}). Use fewer convolutions (e.g. model.filters=[16]), model.pool=strided, or model=mlp."
+        )
     regularizer = keras.regularizers.L2(arch.l2) if arch.l2 else None
     smooth = arch.activation == "softplus"
     hidden_activation = None if smooth else arch.activation

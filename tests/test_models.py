@@ -89,6 +89,13 @@ def test_cnn_layout():
     assert model.layers[-1].kernel.shape == (7 * 7 * 8, 7)
 
 
+@pytest.mark.parametrize("shape", [(3, 32, 32), (2, 2, 1)])
+def test_cnn_refuses_images_its_poolings_would_shrink_to_nothing(shape):
+    with pytest.raises(ValueError, match=rf"at least 4x4 pixels; the data gives {shape[0]}x{shape[1]}.*model.pool=strided"):
+        build_model(Architecture("cnn", filters=(16, 32)), 3, input_shape=shape)
+    build_model(Architecture("cnn", filters=(16, 32), pool="strided"), 3, input_shape=shape)  # "same" padding: never empty
+
+
 def test_cnn_average_pooling_takes_each_windows_mean():
     model = build_model(Architecture("cnn", filters=(4, 8), pool="avg"), num_classes=7)
     assert not any(isinstance(layer, keras.layers.MaxPooling2D) for layer in model.layers)

@@ -277,6 +277,14 @@ def test_npz_labels_out_of_range(config, tmp_path):
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/neg.npz"), "neg.npz", "negative label -1")
 
 
+def test_npz_images_channels_first_get_the_line_that_fixes_them(config, tmp_path):
+    x, y = draw_shapes(12)
+    chw = np.transpose(x, (0, 3, 1, 2))  # [N, 3, 32, 32], as torchvision's tensors stack
+    np.savez(tmp_path / "chw.npz", x_train=chw[:8], y_train=y[:8], x_test=chw[8:], y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/chw.npz"), "chw.npz", "(8, 3, 32, 32)", "channels first",
+           "np.transpose(x_train, (0, 2, 3, 1))")
+
+
 def test_npz_labels_of_the_wrong_kind_get_the_line_that_fixes_them(config, tmp_path):
     x, y = draw_shapes(12)
     np.savez(tmp_path / "onehot.npz", x_train=x[:8], y_train=np.eye(3)[y[:8]], x_test=x[8:], y_test=y[8:])
