@@ -102,6 +102,7 @@ class OptimizerConfig:
     name: str = "adam"  # adam | sgd
     lr: float = 1e-3
     momentum: float = 0.0  # sgd
+    global_clipnorm: Optional[float] = None  # rescale each update's gradients to at most this global norm (None: no clipping)
 
 
 @dataclass
@@ -205,6 +206,12 @@ def validate(cfg) -> None:
         value = _get(cfg, key)
         if not value > 0:
             raise ConfigError(f"Config value {key}={value!r} must be > 0.")
+    clip = cfg.optimizer.global_clipnorm
+    if clip is not None and not clip > 0:
+        raise ConfigError(
+            f"Config value optimizer.global_clipnorm={clip!r} must be > 0 (the largest global norm of a step's gradients), "
+            "or null for no clipping, e.g. `optimizer.global_clipnorm=1.0`."
+        )
     for key, example in (("task.min_agreement", 0.97), ("task.max_accuracy_drop", 0.01)):
         if not 0 <= _get(cfg, key) <= 1:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be a share between 0 and 1, e.g. `{key}={example}`.")

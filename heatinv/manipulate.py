@@ -340,7 +340,7 @@ class DatasetTask:
         self.strategy = make_strategy(cfg.trainer.strategy)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
-            self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
+            self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum, cfg.optimizer.global_clipnorm)
             self.explainer = explainer_for(self.student, cfg)
             self.compiled = compile_step(
                 self.student, self.explainer, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size
@@ -351,7 +351,7 @@ class DatasetTask:
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
-                self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum)
+                self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum, cfg.optimizer.global_clipnorm)
                 self.optimizer.build(self.student.trainable_variables)
             self.explainer = explainer_for(self.student, cfg)
             # auto runs the replicas without XLA: its rule was measured on one device

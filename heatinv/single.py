@@ -52,7 +52,7 @@ class SingleTask:
         self.x = tf.constant(self.target.image, dtype)
         self.label = tf.constant([self.target.label], tf.int32)
         self.target_map = tf.constant(self.target.heatmap, dtype)
-        self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum)
+        self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.global_clipnorm)
         self.loss_fn = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
         self.compiled = compile_step(
             self.student,

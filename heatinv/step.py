@@ -553,10 +553,17 @@ def schedule(total: int, steps_per_execution: int, log_every: int, start: int = 
         yield steps, done, done == next_log
 
 
-def make_optimizer(name: str, lr: float, momentum: float = 0.0) -> keras.optimizers.Optimizer:
-    """``adam`` or ``sgd`` (with momentum)."""
+def make_optimizer(name: str, lr, momentum: float = 0.0, global_clipnorm: float | None = None) -> keras.optimizers.Optimizer:
+    """``adam`` or ``sgd`` (with momentum); ``global_clipnorm`` rescales each update's gradients to that global norm at most.
+
+    Clipping takes Keras's own update instead of the fused kernels (:func:`fused_kind`).
+
+    Example:
+    >>> make_optimizer("adam", 1e-3, global_clipnorm=1.0).global_clipnorm
+    1.0
+    """
     if name == "adam":
-        return keras.optimizers.Adam(lr)
+        return keras.optimizers.Adam(lr, global_clipnorm=global_clipnorm)
     if name == "sgd":
-        return keras.optimizers.SGD(lr, momentum=momentum)
+        return keras.optimizers.SGD(lr, momentum=momentum, global_clipnorm=global_clipnorm)
     raise ValueError(f"Unknown optimizer {name!r}; expected 'adam' or 'sgd'.")

@@ -187,6 +187,7 @@ def test_missing_group_file_fails_at_compose(compose_train):
         ("task.min_agreement=1.5", "task.min_agreement"),
         ("task.max_accuracy_drop=-0.01", "task.max_accuracy_drop"),
         ("task.temperature=0", "task.temperature"),
+        ("optimizer.global_clipnorm=0", "optimizer.global_clipnorm"),
     ],
 )
 def test_out_of_range_value_fails_validate_naming_key(compose_train, override, key):

@@ -178,6 +178,31 @@ def test_optimizer_sgd_makes_sgd_momentum_updates(composed):
     assert moved > 1e-5  # the weights did move, so the comparison means something
 
 
+def test_optimizer_global_clipnorm_rescales_the_gradients_to_that_norm(composed):
+    """``optimizer.global_clipnorm=c``: one plain SGD step moves the weights by ``lr * g * c / ||g||`` where ``||g|| > c``."""
+    from heatinv.build import build_parts, explainer_for, single_target
+    from heatinv.losses import heatmap_loss
+
+    plain = ("optimizer=sgd", "optimizer.momentum=0", "trainer.steps=1", "trainer.log_every=1", "trainer.steps_per_execution=1")
+    cfg, _ = composed(*SMALL_RUN, *plain)
+    parts = build_parts(cfg)
+    target = single_target(cfg, parts.dataset, parts.reference)
+    start = [v.numpy() for v in parts.student.trainable_variables]
+    with tf.GradientTape() as tape:
+        heatmap = explainer_for(parts.student, cfg)(tf.constant(target.image), tf.constant([target.label], tf.int32))
+        loss = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)(heatmap, tf.constant(target.heatmap))
+    grads = [g.numpy() for g in tape.gradient(loss, parts.student.trainable_variables)]
+    norm = float(np.sqrt(sum(np.sum(g.astype("float64") ** 2) for g in grads)))
+    clip = norm / 4  # a quarter of this step's norm: the step must shrink by 4
+    cfg, out = composed(*SMALL_RUN, *plain, f"optimizer.global_clipnorm={clip}")
+    run(cfg)
+    saved = keras.saving.load_model(out / "student.keras", safe_mode=True)
+    lr = cfg.optimizer.lr
+    for w0, g, got in zip(start, grads, saved.trainable_weights):
+        # the unclipped step is 4x larger, so a missing clip misses this by 3/4 of the step
+        np.testing.assert_allclose(got.numpy() - w0, -lr * g * clip / norm, rtol=0, atol=1e-3 * lr * clip)
+
+
 @pytest.mark.parametrize("normalize", ["sum", "max"])
 def test_loss_normalize_scales_each_map_before_the_loss(composed, normalize):
     """``loss.normalize=sum|max``: the run's final MSE is that of the maps divided by their sum/max of |R|."""
