@@ -54,11 +54,18 @@ def split_fingerprint(dataset: Dataset, split: str) -> str:
 
 
 def model_fingerprint(model: keras.Model) -> str:
-    """A digest of a model's architecture (its JSON) and every weight's values."""
-    digest = hashlib.sha256(model.to_json().encode())
+    """A digest of a model's architecture (its JSON) and every weight's values, in order.
+
+    What does not change the explanations is left out, so the model a run has just trained
+    and the copy later runs load from the cache digest alike: the compile state (the trained
+    one is compiled) and the weights' paths (prefixed with the model's name until saved).
+    """
+    architecture = json.loads(model.to_json())
+    architecture.pop("compile_config", None)
+    digest = hashlib.sha256(json.dumps(architecture, sort_keys=True).encode())
     for weight in model.weights:
         value = np.asarray(weight)
-        digest.update(f"{weight.path}{value.shape}{value.dtype}".encode())
+        digest.update(f"{value.shape}{value.dtype}".encode())
         digest.update(value.tobytes())
     return digest.hexdigest()
 

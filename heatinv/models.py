@@ -304,16 +304,15 @@ def reference_model(
            "recipe": REFERENCE_RECIPE}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir, f"reference-{arch.name}-{digest}.keras")
-    if not os.path.isfile(path):
+    if os.path.isfile(path):
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    else:
         model = train_reference(arch, dataset, epochs, seed)
         os.makedirs(cache_dir, exist_ok=True)
         # A temporary name of this writer's own, renamed into place: a crash never leaves a
         # truncated entry, and parallel sweep jobs training the same reference never collide.
         with atomic_path(path) as tmp:
             model.save(tmp)
-    # Loaded even right after training: the trained object differs from the saved one in its
-    # compile state and weight paths, which would key its cached explanations apart from every later run's.
-    model = keras.saving.load_model(path, compile=False, safe_mode=True)
     return model, accuracy(model, dataset.x_test, dataset.y_test)
 
 
