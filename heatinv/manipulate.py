@@ -67,7 +67,7 @@ from heatinv.models import REFERENCE_SEED, validation_split
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
-from heatinv.step import compile_step, gradient_stats, make_optimizer, mode_for
+from heatinv.step import compile_step, gradient_stats, mode_for, optimizer_from
 from heatinv.summaries import TRAIN, Summaries
 
 TERMS = ("heatmap", "cross_entropy", "logit_match")
@@ -340,7 +340,7 @@ class DatasetTask:
         self.strategy = make_strategy(cfg.trainer.strategy)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
-            self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum, cfg.optimizer.global_clipnorm)
+            self.optimizer = optimizer_from(cfg.optimizer, self._learning_rate())
             self.explainer = explainer_for(self.student, cfg)
             self.compiled = compile_step(
                 self.student, self.explainer, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size
@@ -351,7 +351,7 @@ class DatasetTask:
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
-                self.optimizer = make_optimizer(cfg.optimizer.name, self._learning_rate(), cfg.optimizer.momentum, cfg.optimizer.global_clipnorm)
+                self.optimizer = optimizer_from(cfg.optimizer, self._learning_rate())
                 self.optimizer.build(self.student.trainable_variables)
             self.explainer = explainer_for(self.student, cfg)
             # auto runs the replicas without XLA: its rule was measured on one device

@@ -24,7 +24,7 @@ from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
 from heatinv.figures import feature_figure, heatmap_figure
 from heatinv.similarity import cosine_numpy, similarity_numpy
-from heatinv.step import compile_step, make_optimizer, mode_for, schedule
+from heatinv.step import compile_step, mode_for, optimizer_from, schedule
 from heatinv.summaries import Summaries
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class SingleTask:
         self.x = tf.constant(self.target.image, dtype)
         self.label = tf.constant([self.target.label], tf.int32)
         self.target_map = tf.constant(self.target.heatmap, dtype)
-        self.optimizer = make_optimizer(cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.global_clipnorm)
+        self.optimizer = optimizer_from(cfg.optimizer)
         self.loss_fn = heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
         self.compiled = compile_step(
             self.student,

@@ -567,3 +567,8 @@ def make_optimizer(name: str, lr, momentum: float = 0.0, global_clipnorm: float 
     if name == "sgd":
         return keras.optimizers.SGD(lr, momentum=momentum, global_clipnorm=global_clipnorm)
     raise ValueError(f"Unknown optimizer {name!r}; expected 'adam' or 'sgd'.")
+
+
+def optimizer_from(settings, lr=None) -> keras.optimizers.Optimizer:
+    """:func:`make_optimizer` from the ``optimizer`` config group; ``lr`` (e.g. a schedule) replaces ``settings.lr``."""
+    return make_optimizer(settings.name, settings.lr if lr is None else lr, settings.momentum, settings.global_clipnorm)
