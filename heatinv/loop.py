@@ -199,6 +199,7 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
     def save(step: int) -> str:
         nonlocal last_saved
         started = time.perf_counter()
+        summaries.flush()  # a run resumed from this checkpoint keeps every summary up to it
         path = checkpointer.save(step)
         last_saved = time.perf_counter()
         loop.checkpoints_seconds += last_saved - started
@@ -237,9 +238,6 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
                 summaries.preformatted("diagnosis", format_report(loop.findings, loop.why), step=call.done)
                 loop.stopped = call.done
                 break
-            if (every and call.done // every > last_checkpoint // every) or (seconds and time.perf_counter() - last_saved >= seconds):
-                save(call.done)
-                last_checkpoint = call.done
             values = {"loss": loss}
             if call.log:
                 logged = time.perf_counter()
@@ -253,6 +251,10 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
                 else:
                     summaries.health(at, loop.nonfinite_steps)
                 loop.summaries_seconds += time.perf_counter() - logged
+            # After the call's summaries: a run resumed from this checkpoint does not write them again.
+            if (every and call.done // every > last_checkpoint // every) or (seconds and time.perf_counter() - last_saved >= seconds):
+                save(call.done)
+                last_checkpoint = call.done
             progress.update(call.done, values)
             if signal_at is not None and call.done >= signal_at[0]:
                 os.kill(os.getpid(), signal_at[1])  # test-only, see the module docstring

@@ -132,6 +132,21 @@ class Summaries:
     def close(self) -> None:
         self.writer.close()
 
+    def flush(self) -> None:
+        """Put every summary written so far on disk (before a checkpoint, so the two agree after a crash)."""
+        self.writer.flush()
+
+    def start_session(self, step: int) -> None:
+        """Mark where this process's events start: 0 for a new run, the step after the checkpoint for a resumed one.
+
+        A resumed run writes again what its first process logged after the checkpoint.
+        TensorBoard's fast loader keeps, per tag, only the newest of events that go back in
+        steps; its Python loader (``--load_fast=false``) drops a run's earlier events at and
+        after a second ``SessionLog.START``, so each process writes one.
+        """
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), session_log=start))
+
     def tag(self, group: str, name: str) -> str:
         """``<group>_per_<axis>/<name>``, e.g. ``1_match_per_step/cosine``."""
         return f"{group}_per_{self.axis}/{name}"

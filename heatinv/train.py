@@ -97,7 +97,11 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
         save_run_config(out, cfg)
 
     with Summaries(os.path.join(out, "tensorboard"), task.axis) as summaries:
-        task.begin(summaries)
+        summaries.start_session(task.log_step(start) + 1 if start else 0)
+        if not start:
+            # A resumed run's step-0 summaries were written when it began: written again at
+            # step 0 they would read as a restart, and TensorBoard would drop the curves before it.
+            task.begin(summaries)
         loop = train(task, checkpointer, start, trainer, summaries, task.variables)
         metrics = task.finish(summaries, loop)
         hparams = compared_hparams(flat_config(cfg), _command_line_overrides())

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(single, killed_singl
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "after step 60 of 120" in resumed.stdout  # the newest checkpoint before the kill at step 70
     assert_same_final_metrics(single.root / "resumed", single.metrics, FINAL_SINGLE)
+    assert logged_events(single.root / "resumed") == logged_events(single.root / "uninterrupted")
 
 
 @pytest.mark.slow
@@ -170,7 +172,21 @@ def test_dataset_task_resumes_mid_epoch_after_sigkill_to_the_same_metrics(tmp_pa
     assert "after step 4 of 22" in resumed.stdout and "trainer.log_every: 2 -> 1" in resumed.stdout
     assert "trainer.resume:" not in resumed.stdout  # the switch itself is no changed setting
     assert "heatinv: 18 steps after resuming at step 4 in" in resumed.stdout + resumed.stderr
+    assert "before: cosine" not in resumed.stdout + resumed.stderr  # said once, when the run began
     assert_same_final_metrics(dataset.root / "killed", dataset.metrics, FINAL_DATASET)
+    # each summary once: none lost with the killed process, the first epoch's not written again
+    assert logged_events(dataset.root / "killed") == logged_events(dataset.root / "uninterrupted")
+
+
+def logged_events(run_dir: Path) -> Counter:
+    """How often each (TensorBoard tag, step) was written, over all of a run's event files."""
+    import tensorflow as tf
+
+    events = Counter()
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            events.update((value.tag, event.step) for value in event.summary.value)
+    return events
 
 
 # Early stopping whose best epoch comes before the kill: at lr 0.03 the smoke reference's

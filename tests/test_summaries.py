@@ -65,3 +65,19 @@ def test_event_file_reads_back_with_plugins_and_steps(tmp_path):
     assert tf.make_ndarray(events.Tensors("note")[0].tensor_proto).item() == b"a\nb"
     assert [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("final/cosine")] == [0.75]
     assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/experiment"}
+
+
+def test_a_resumed_run_replaces_what_was_logged_after_its_checkpoint(tmp_path):
+    """The first process logged steps 10-40 and saved a checkpoint at 20; the resumed one redoes 30 and 40."""
+    with Summaries(str(tmp_path), axis="step") as first:
+        first.start_session(0)
+        for step in (10, 20, 30, 40):
+            first.match(step, {"loss": 1.0, "cosine": step / 100})
+    with Summaries(str(tmp_path), axis="step") as resumed:
+        resumed.start_session(21)
+        for step in (30, 40, 50):
+            resumed.match(step, {"loss": 1.0, "cosine": step / 100 + 0.5})
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
+    series = [(e.step, round(float(tf.make_ndarray(e.tensor_proto)), 6)) for e in events.Tensors("1_match_per_step/cosine")]
+    assert series == [(10, 0.1), (20, 0.2), (30, 0.8), (40, 0.9), (50, 1.0)]
