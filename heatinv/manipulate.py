@@ -162,7 +162,8 @@ def mirrored_step(strategy, student, explainer, objective: Manipulation, optimiz
     all-reduce and the update stay outside XLA); the Keras optimizer sums the gradients over
     replicas (one all-reduce) and applies the same update to every copy. A NaN/Inf loss or
     gradient on any replica skips the update on all of them (the flag is summed over replicas
-    first). The returned terms are summed over replicas (each share is already divided by
+    first). With ``optimizer.global_clipnorm`` the summed gradients are clipped, as on one
+    device. The returned terms are summed over replicas (each share is already divided by
     the global batch size). ``with_norms`` also returns ``grad_norms`` and ``zero_fractions``
     of the summed gradients; that costs a second all-reduce of every gradient (the
     optimizer's own sum is not exposed), so the task asks for it at an epoch's last step only.
@@ -196,6 +197,12 @@ def mirrored_step(strategy, student, explainer, objective: Manipulation, optimiz
         return result
 
     def replica_apply(gradients):
+        if optimizer.global_clipnorm:
+            # Keras clips each replica's share before it sums them: clip the sum instead, and
+            # hand each replica its part of it (whose norm is below the bound, so Keras leaves it).
+            context = tf.distribute.get_replica_context()
+            clipped, _ = tf.clip_by_global_norm(context.all_reduce(tf.distribute.ReduceOp.SUM, gradients), optimizer.global_clipnorm)
+            gradients = [g / context.num_replicas_in_sync for g in clipped]
         optimizer.apply_gradients(zip(gradients, variables))  # all-reduces (sums) the gradients
 
     def step(batch):

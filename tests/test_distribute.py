@@ -84,7 +84,8 @@ SCRIPT = textwrap.dedent(
     full = load_digits()
     arch = Architecture("mlp", hidden=(16, 8))
     results = []
-    for n, loss, jit in [(256, "mse", False), (193, "huber", True)]:
+    # the third: the first with its gradients clipped (to a global norm far below theirs)
+    for n, loss, jit, clip in [(256, "mse", False, []), (193, "huber", True, []), (256, "mse", False, ["optimizer.global_clipnorm=0.01"])]:
         data = type(full)(full.x_train[:n], full.y_train[:n], full.x_test[:100], full.y_test[:100], full.name)
         case = {}
         for strategy in ("none", "mirrored"):
@@ -94,7 +95,7 @@ SCRIPT = textwrap.dedent(
                 f"paths.root={root}", f"paths.output_dir={root}/run", f"paths.cache_dir={root}/cache",
                 "task.kind=dataset", "target.kind=pattern", "target.pattern=frame", "task.epochs=2",
                 "task.batch_size=64", "task.logit_weight=0.5", f"loss.name={loss}", f"trainer.jit_compile={jit}",
-                f"trainer.strategy={strategy}",
+                f"trainer.strategy={strategy}", *clip,
             ])
             keras.utils.set_random_seed(0)
             reference, student = build_model(arch, seed=0), build_model(arch, seed=1)
@@ -142,10 +143,13 @@ SCRIPT = textwrap.dedent(
 def test_mirrored_on_two_replicas_makes_the_single_device_updates():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("heatinv: 2 replicas (MirroredStrategy)") == 3, done.stdout[-2000:]  # 2 cases + the guard
+    assert done.stdout.count("heatinv: 2 replicas (MirroredStrategy)") == 4, done.stdout[-2000:]  # 3 cases + the guard
     assert "GUARD stopped at 2, weights unchanged: True" in done.stdout, done.stdout[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    for case in json.loads(line[len("RESULT ") :]):
+    cases = json.loads(line[len("RESULT ") :])
+    unclipped, clipped = (np.concatenate([np.ravel(w) for w in case["none"]["weights"]]) for case in (cases[0], cases[2]))
+    assert np.abs(clipped - unclipped).max() > 1e-3  # the clipping is at work in the third case
+    for case in cases:
         single, mirrored = case["none"], case["mirrored"]
         assert len(single["weights"]) == len(mirrored["weights"]) == 6
         for a, b in zip(single["weights"], mirrored["weights"]):
