@@ -25,7 +25,12 @@ batch 1; ``python -m heatinv.bench`` measures it):
 - tracing: the step's Python has no data-dependent ``if``/``while`` of its own (``tf.cond``
   and ``tf.while_loop`` are explicit), so it is traced with ``autograph=False``: AutoGraph's
   rewriting of the engine's source took 4-5 s of the default job's 7 s first call.
-- the NaN/Inf guard skips an update without a branch (see :func:`apply_gradients`).
+- the NaN/Inf guard skips an update without a branch (see :func:`apply_gradients`); its
+  check of every gradient before the update took 13 % of the mlp's update in the XLA loop,
+  which therefore checks the weights once per call instead and redoes a failed call with
+  the guard (see :class:`CompiledStep`).
+- the loop carries nothing of its updates but counts: the last update runs after it and
+  gives the call's outputs (carrying the gradients copied them at every update, 8 %).
 - the host read of the loss is cheap on CPU (the call is synchronous there), but it forces
   a sync on an accelerator: read it once per call, which with ``steps_per_execution`` is
   once per ``N`` steps.
@@ -64,6 +69,7 @@ def update(
     label: tf.Tensor,
     target: tf.Tensor,
     *extra: tf.Tensor,
+    guard: bool = True,
 ) -> dict[str, tf.Tensor | list[tf.Tensor] | dict[str, tf.Tensor]]:
     """One update without diagnostics.
 
@@ -73,11 +79,14 @@ def update(
             :class:`heatinv.manipulate.Manipulation`).
         x, label, target, extra: one batch: inputs, explained classes, target heatmaps and
             whatever else the objective reads.
+        guard: skip the update when the loss or a gradient is NaN/Inf. Without it the update
+            is applied whatever its values (the caller checks the weights afterwards and
+            redoes the updates with the guard, see :class:`CompiledStep`).
 
     Returns:
         ``loss``, ``terms`` (the objective's other terms, float32), ``heatmap`` (before the
         update), ``logits``, ``gradients``, and ``nonfinite`` (1 when the loss or a gradient
-        was NaN/Inf and the update was skipped, else 0).
+        was NaN/Inf and the update was skipped, else 0; always 0 without ``guard``).
     """
     variables = student.trainable_variables
     with tf.GradientTape() as tape:
@@ -87,11 +96,13 @@ def update(
     gradients = tape.gradient(loss, variables)
     # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
     gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-    finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
-
-    # A NaN/Inf step leaves the weights and the optimizer's state untouched.
-    skip = tf.logical_not(finite)
-    apply_gradients(optimizer, gradients, variables, skip=skip)
+    if guard:
+        finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
+        # A NaN/Inf step leaves the weights and the optimizer's state untouched.
+        skip = tf.logical_not(finite)
+    else:
+        skip = tf.constant(False)
+    apply_gradients(optimizer, gradients, variables, skip=skip if guard else None)
     return {
         "loss": tf.cast(loss, tf.float32),
         "terms": {name: tf.cast(value, tf.float32) for name, value in terms.items()},
@@ -297,6 +308,11 @@ class CompiledStep:
     ``xla_loop=None`` (the default) picks the XLA loop for models without convolution or
     pooling layers.
 
+    The XLA loop with a fused optimizer (see :func:`fused_kind`) runs its updates without
+    the NaN/Inf guard, on a saved copy of the state, and checks the weights and losses once
+    at the end; a call that fails the check is undone and run again with the guard at every
+    update (compiled on first need), so it skips exactly the updates the guard skips.
+
     With ``fallback`` (``trainer.jit_compile=auto``) a first call that XLA cannot compile
     (:data:`XLA_FAILURES`) rebuilds the step without XLA, logs one line, and runs the call
     again: XLA compiles before it runs anything, so the failed call updated nothing.
@@ -337,44 +353,42 @@ class CompiledStep:
         self.mode = mode
         self.xla_loop = bool(xla_loop) and mode == "xla" and steps_per_execution > 1
         variables = student.trainable_variables
-        class_shape = _class_shape(explainer) if steps_per_execution > 1 else None
-        term_names = tuple(getattr(objective, "terms", ()))
 
         def one(*batch):
             return update(student, explainer, objective, optimizer, *batch)
+
+        def unguarded(*batch):
+            return update(student, explainer, objective, optimizer, *batch, guard=False)
 
         def single(*batch):
             return train_step(student, explainer, objective, optimizer, *batch)
 
         def looped(body_fn):
             def many(steps, *batch):
-                """``steps >= 1`` updates in a while loop; the loop carries the last outputs."""
-                x = batch[0]
-                first = {
-                    "loss": tf.zeros([], tf.float32),
-                    "terms": {name: tf.zeros([], tf.float32) for name in term_names},
-                    "heatmap": tf.zeros_like(batch[2]),  # the target map: [.., H, W, 1] for a colour image summed over channels
-                    "logits": tf.zeros(tf.concat([tf.shape(x)[:1], class_shape], axis=0), x.dtype),
-                    "gradients": [tf.zeros_like(v) for v in variables],
-                    "nonfinite": tf.constant(0, tf.int32),
-                }
+                """``steps >= 1`` updates: ``steps - 1`` in a while loop, then the last, whose outputs are returned.
 
-                def body(i, last, skipped):
+                The loop carries no outputs of its updates: carrying the gradients took 8 % of
+                the mlp's update in the XLA loop (a copy of every gradient per update).
+                """
+
+                def body(i, skipped, finite):
                     result = body_fn(*batch)
-                    return i + 1, result, skipped + result["nonfinite"]
+                    return i + 1, skipped + result["nonfinite"], finite & tf.math.is_finite(result["loss"])
 
-                _, last, skipped = tf.while_loop(
-                    lambda i, last, skipped: i < steps,
+                _, skipped, finite = tf.while_loop(
+                    lambda i, *_: i < steps - 1,
                     body,
-                    (tf.constant(0, tf.int32), first, tf.constant(0, tf.int32)),
+                    (tf.constant(0, tf.int32), tf.constant(0, tf.int32), tf.constant(True)),
                     parallel_iterations=1,  # sequential: each update reads the last one's weights
                 )
+                last = body_fn(*batch)
+                skipped, finite = skipped + last["nonfinite"], finite & tf.math.is_finite(last["loss"])
                 # ``nonfinite`` of a call: how many of its updates were skipped.
-                return {**last, "nonfinite": skipped, **gradient_stats(last["gradients"])}
+                return {**last, "nonfinite": skipped, **gradient_stats(last["gradients"]), "finite": finite}
 
             return many
 
-        self._single, self._many, self.function = single, None, None
+        self._single, self._many, self._guarded, self.function = single, None, None, None
         if mode == "eager":
             return
         jit = mode == "xla"
@@ -385,8 +399,32 @@ class CompiledStep:
         if jit and not xla_loop:
             self._update = tf.function(one, jit_compile=True, reduce_retracing=True, autograph=False)
             self._many = tf.function(looped(self._update), reduce_retracing=True, autograph=False)
-        else:
-            self._many = tf.function(looped(one), jit_compile=jit, reduce_retracing=True, autograph=False)
+        elif self.xla_loop and fused_kind(optimizer, variables) is not None:
+            # The guard's check of every gradient before its update took 13 % of the mlp's update
+            # in this loop. A fused Adam or SGD update of a NaN/Inf gradient makes its weight
+            # NaN/Inf (Adam: m and v Inf or NaN, m / sqrt(v) NaN; SGD: lr * g), and no later
+            # update makes it finite again (NaN stays NaN, Inf gives Inf or NaN), so one check
+            # of the weights and the losses after the call finds it: a call that fails it is
+            # undone (weights, slots, iterations) and run again with the guard at every update.
+            state = [*variables, *optimizer.variables]
+            self._saved = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in state]
+
+            def speculative(steps, *batch):
+                """The updates without the guard, on a copy of the state; ``finite`` says whether they may stand."""
+                for saved, variable in zip(self._saved, state):
+                    saved.assign(variable)
+                result = looped(unguarded)(steps, *batch)
+                weights_finite = [tf.reduce_all(tf.math.is_finite(v)) for v in variables]
+                return {**result, "finite": tf.reduce_all(tf.stack([result["finite"], *weights_finite]))}
+
+            self._many = tf.function(speculative, jit_compile=True, reduce_retracing=True, autograph=False)
+            self._guarded = tf.function(looped(one), jit_compile=True, reduce_retracing=True, autograph=False)
+            self._restore = tf.function(lambda: [v.assign(saved) for v, saved in zip(state, self._saved)], autograph=False)
+        elif jit:
+            self._many = tf.function(looped(one), jit_compile=True, reduce_retracing=True, autograph=False)
+        else:  # the update traced once, called by the loop and for the last update
+            self._update = tf.function(one, reduce_retracing=True, autograph=False)
+            self._many = tf.function(looped(self._update), reduce_retracing=True, autograph=False)
         self.function = self._many
 
     def __call__(self, *batch, steps: int | None = None) -> dict:
@@ -407,23 +445,17 @@ class CompiledStep:
 
     def _run(self, batch: tuple, steps: int) -> dict:
         if self._many is not None:
-            return self._many(tf.constant(steps, tf.int32), *batch)
+            result = self._many(tf.constant(steps, tf.int32), *batch)
+            if self._guarded is not None and not bool(result["finite"]):
+                self._restore()
+                result = self._guarded(tf.constant(steps, tf.int32), *batch)
+            del result["finite"]
+            return result
         skipped = tf.constant(0, tf.int32)
         for _ in range(steps):
             result = self._single(*batch)
             skipped += result["nonfinite"]
         return {**result, "nonfinite": skipped}
-
-
-def _class_shape(explainer: LRP) -> list[int]:
-    """The logits' shape after the batch axis (the model's output shape)."""
-    shape = explainer.model.outputs[0].shape[1:]
-    if any(d is None for d in shape):
-        raise ValueError(
-            f"steps_per_execution > 1 needs a model with a static output shape, got {tuple(shape)}; "
-            "use steps_per_execution=1."
-        )
-    return [int(d) for d in shape]
 
 
 def _convolutional(explainer: LRP) -> bool:

@@ -103,6 +103,8 @@ def test_multi_step_equals_single_steps(mode, rng):
         multi, multi_opt = _step(multi_model, mode, n)
     singles = [single(x, label, target) for _ in range(n)]
     result = multi(x, label, target)
+    if mode == "xla_loop":  # finite updates: the unguarded loop's call stands, nothing is redone
+        assert multi._guarded.experimental_get_tracing_count() == 0
     assert int(single_opt.iterations.numpy()) == int(multi_opt.iterations.numpy()) == n
     for a, b in zip(_weights(single_model), _weights(multi_model)):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
@@ -432,3 +434,40 @@ def test_xla_gives_the_results_of_jit_compile_false(kind, rng):
     assert moved > 5e-2
     for a, b in zip(runs["function"][2], runs[compiled][2]):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(1e-2), lambda: keras.optimizers.SGD(1e-2)], ids=["adam", "sgd"])
+def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(make, rng):
+    """The XLA loop checks once per call; a call with a NaN update is redone with the guard.
+
+    The objective is NaN while ``optimizer.iterations == 2``, and a skipped update does not
+    advance it: of 5 updates the first two are made, the other three skipped.
+    """
+    model, x, label, target = _problem("dense", rng)
+    copies = [_copy(model), _copy(model)]
+    steps, optimizers = [], []
+    for copy, mode, n in zip(copies, ["function", "xla"], [1, 5]):
+        optimizer = make()
+        match = HeatmapMatch(heatmap_loss("mse"))
+
+        def poisoned(explanation, label, target, match=match, optimizer=optimizer):
+            terms = match(explanation, label, target)
+            nan = tf.where(tf.equal(optimizer.iterations, 2), tf.constant(np.nan, x.dtype), tf.constant(1.0, x.dtype))
+            return {**terms, "loss": terms["loss"] * nan}
+
+        steps.append(compile_step(copy, LRP(copy, "epsilon_gamma_box"), poisoned, optimizer, mode, n, xla_loop=True))
+        optimizers.append(optimizer)
+    guarded, looped = steps
+    singles = [guarded(x, label, target) for _ in range(5)]
+    assert looped._guarded is not None and looped._guarded.experimental_get_tracing_count() == 0
+    result = looped(x, label, target)
+    assert looped._guarded.experimental_get_tracing_count() == 1  # the call was redone with the guard
+    assert [int(s["nonfinite"]) for s in singles] == [0, 0, 1, 1, 1] and int(result["nonfinite"]) == 3
+    assert int(optimizers[0].iterations.numpy()) == int(optimizers[1].iterations.numpy()) == 2
+    for a, b in zip(_weights(copies[0]), _weights(copies[1])):
+        assert np.all(np.isfinite(b))
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
+    for a, b in zip(optimizers[0].variables, optimizers[1].variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-14)
+    again = looped(x, label, target, steps=1)  # iterations is still 2: NaN again, skipped again
+    assert int(again["nonfinite"]) == 1
