@@ -76,7 +76,7 @@ class SingleTask:
             # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
             # blow up into full-size steps: stop before the first update instead.
             self.total = 0
-        self.what = f"optimizing the heatmap ({self.total} steps)"
+        self.what = f"optimizing the heatmap ({self.total} step{'' if self.total == 1 else 's'})"
 
     def diagnose(self) -> list:
         objective = HeatmapObjective(self.target.heatmap, self.explainer, self.cfg.loss.name, self.cfg.loss.delta, self.cfg.loss.normalize)
@@ -166,7 +166,7 @@ class SingleTask:
     def summary_line(metrics: dict) -> str:
         return (
             f"heatinv: cosine {metrics['cosine']:.4f}  ssim {metrics['ssim']:.3f}  pearson {metrics['pearson']:.4f}  "
-            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} steps "
+            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} step{'' if metrics['steps'] == 1 else 's'} "
             f"({metrics['steps_per_second']:.0f}/s); accuracy reference {metrics['reference_accuracy']:.3f}, "
             f"student {metrics['student_accuracy']:.3f}"
         )

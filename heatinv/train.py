@@ -114,7 +114,8 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
     log.info(task.summary_line(metrics))
     # The dataset task evaluates the held-out images at each log step, inside that time.
     logged = "summaries and held-out evaluations" if "evaluation_seconds" in metrics else "summaries"
-    ran = f"{metrics['steps']} steps" if not loop.start else f"{metrics['steps'] - loop.start} steps after resuming at step {loop.start}"
+    done = metrics["steps"] - loop.start
+    ran = f"{done} step{'' if done == 1 else 's'}" + (f" after resuming at step {loop.start}" if loop.start else "")
     log.info(
         f"heatinv: {ran} in {metrics['loop_seconds']:.1f} s "
         f"(the step {metrics['seconds']:.1f} s, {logged} {metrics['summaries_seconds']:.1f} s, "
