@@ -10,6 +10,7 @@ temporary name, and a failure removes it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterator
@@ -54,8 +55,22 @@ def write_bytes(path: str, data: bytes) -> None:
 def write_json(path: str, data, indent: int = 2) -> None:
     """Write ``data`` as JSON to ``path`` whole or not at all.
 
+    JSON has no NaN or infinity (Python's ``NaN`` token is refused by other readers: ``jq``,
+    JavaScript's ``JSON.parse``), so a non-finite float is written as ``null``.
+
     Example:
     >>> write_json("/tmp/metrics.json", {"cosine": 0.99})  # doctest: +SKIP
     """
     with atomic_path(path) as tmp, open(tmp, "w") as f:
-        json.dump(data, f, indent=indent)
+        json.dump(_finite_or_null(data), f, indent=indent, allow_nan=False)
+
+
+def _finite_or_null(data):
+    """``data`` with every NaN or infinite float (in dicts, lists and tuples) replaced by None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite_or_null(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_or_null(value) for value in data]
+    return data

@@ -162,10 +162,10 @@ class LoopResult:
         done = self.steps - self.start
         return {
             "seconds": self.seconds,
-            "steps_per_second": timed / self.seconds if self.seconds else float("nan"),
+            "steps_per_second": timed / self.seconds if self.seconds else None,  # None: no step timed after the first call
             "first_call_seconds": self.first_call_seconds,
             "loop_seconds": self.loop_seconds,
-            "loop_steps_per_second": done / self.loop_seconds if self.loop_seconds else float("nan"),
+            "loop_steps_per_second": done / self.loop_seconds if self.loop_seconds else None,
             "summaries_seconds": self.summaries_seconds,
             "checkpoints_seconds": self.checkpoints_seconds,
         }

@@ -166,7 +166,12 @@ class SingleTask:
     def summary_line(metrics: dict) -> str:
         return (
             f"heatinv: cosine {metrics['cosine']:.4f}  ssim {metrics['ssim']:.3f}  pearson {metrics['pearson']:.4f}  "
-            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} step{'' if metrics['steps'] == 1 else 's'} "
-            f"({metrics['steps_per_second']:.0f}/s); accuracy reference {metrics['reference_accuracy']:.3f}, "
+            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} step{'' if metrics['steps'] == 1 else 's'}"
+            f"{_speed(metrics['steps_per_second'])}; accuracy reference {metrics['reference_accuracy']:.3f}, "
             f"student {metrics['student_accuracy']:.3f}"
         )
+
+
+def _speed(steps_per_second: float | None) -> str:
+    """``(1580/s)``, or nothing where no step was timed after the first call."""
+    return "" if steps_per_second is None else f" ({steps_per_second:.0f}/s)"

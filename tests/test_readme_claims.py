@@ -72,6 +72,21 @@ def test_metrics_json_timing_keys_first_call_is_apart_from_steps_per_second(comp
     assert metrics["steps_per_second"] * metrics["seconds"] == pytest.approx(13 - 1, rel=1e-9)
 
 
+def test_a_one_step_run_writes_strict_json_without_a_speed_it_did_not_measure(composed):
+    """One step is the first call alone: no step is timed after it, so ``steps_per_second`` is null, not NaN."""
+    import json
+
+    cfg, out = composed("trainer.steps=1")
+    run(cfg)
+    text = (out / "metrics.json").read_text()
+
+    def refuse(token):
+        raise AssertionError(f"metrics.json holds {token}, which is not JSON")
+
+    metrics = json.loads(text, parse_constant=refuse)
+    assert metrics["steps"] == 1 and metrics["steps_per_second"] is None and metrics["first_call_seconds"] > 0
+
+
 # --------------------------------------------------------------------------- TensorBoard text tags
 
 
