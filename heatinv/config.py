@@ -267,10 +267,29 @@ def validate(cfg) -> None:
         raise ConfigError(f"Config values lrp.low={cfg.lrp.low} > lrp.high={cfg.lrp.high}; the input range needs low <= high.")
     if cfg.model.name == "file" and not cfg.model.path:
         raise ConfigError("model=file needs model.path=/path/to/model.keras (a Keras .keras or .h5 file).")
+    _check_read(cfg, "model.path", cfg.model.name == "file", f"model={cfg.model.name} builds its own model", "model=file model.path=")
+    _check_read(
+        cfg, "model.weights", cfg.model.name in APPLICATIONS, f"model={cfg.model.name} is not a Keras application",
+        "model=<application, e.g. resnet50> model.weights=",
+    )
+    _check_read(
+        cfg, "data.path", cfg.data.name in ("npz", "folder", "csv", "mnist"), f"data {cfg.data.name!r} is bundled",
+        "data=npz (or folder, csv, mnist) data.path=",
+    )
     if cfg.target.kind == "file" and not cfg.target.path:
         raise ConfigError(
             "target=file needs target.path=/path/to/heatmap.npy (or .png), and target.image=/path/to/input.npy "
             "for the input it belongs to."
+        )
+
+
+def _check_read(cfg, key: str, read: bool, why_not: str, how: str) -> None:
+    """A file given where nothing reads it: the run would go on without it, so refuse it."""
+    value = _get(cfg, key)
+    if value and not read:
+        raise ConfigError(
+            f"Config value {key}={value!r} is not read here: {why_not}. To use the file: {how}{value}; "
+            f"otherwise drop {key}."
         )
 
 

@@ -110,6 +110,22 @@ def test_file_choices_need_a_path(compose_train, group):
         validate(cfg)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "fix"),
+    [
+        (["model.path=mine.keras"], "model.path", "model=file model.path=mine.keras"),
+        (["model=cnn", "model.weights=w.weights.h5"], "model.weights", "model.weights=w.weights.h5"),
+        (["data.path=shapes"], "data.path", "data.path=shapes"),
+        (["data=tabular", "data.path=t.csv"], "data.path", "data.path=t.csv"),
+    ],
+)
+def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides, key, fix):
+    """model.path without model=file trained the mlp and ignored the user's model, silently."""
+    cfg = compose_train(*overrides)
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}=.*is not read here.*{fix.replace('.', '[.]')}"):
+        validate(cfg)
+
+
 def test_lrp_group_matches_registered_composites():
     files = set(group_choices("lrp"))
     registry = set(COMPOSITES)
