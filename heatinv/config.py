@@ -267,15 +267,22 @@ def validate(cfg) -> None:
         raise ConfigError(f"Config values lrp.low={cfg.lrp.low} > lrp.high={cfg.lrp.high}; the input range needs low <= high.")
     if cfg.model.name == "file" and not cfg.model.path:
         raise ConfigError("model=file needs model.path=/path/to/model.keras (a Keras .keras or .h5 file).")
-    _check_read(cfg, "model.path", cfg.model.name == "file", f"model={cfg.model.name} builds its own model", "model=file model.path=")
+    model, data, target = cfg.model, cfg.data, cfg.target
+    _check_read(cfg, "model.path", model.name == "file", f"model={model.name} builds its own model", "model=file model.path={}")
     _check_read(
-        cfg, "model.weights", cfg.model.name in APPLICATIONS, f"model={cfg.model.name} is not a Keras application",
-        "model=<application, e.g. resnet50> model.weights=",
+        cfg, "model.weights", model.name in APPLICATIONS, f"model={model.name} is not a Keras application",
+        "model=<application, e.g. resnet50> model.weights={}",
     )
     _check_read(
-        cfg, "data.path", cfg.data.name in ("npz", "folder", "csv", "mnist"), f"data {cfg.data.name!r} is bundled",
-        "data=npz (or folder, csv, mnist) data.path=",
+        cfg, "data.path", data.name in ("npz", "folder", "csv", "mnist"), f"data {data.name!r} is bundled",
+        "data=npz (or folder, csv, mnist) data.path={}",
     )
+    pattern_file = target.kind == "pattern" and target.pattern == "file"
+    _check_read(
+        cfg, "target.path", target.kind == "file" or pattern_file, f"target={target.kind} builds its own heatmap",
+        "target=file target.path={} (a heatmap), or target=pattern target.pattern=file target.path={} (a pattern)",
+    )
+    _check_read(cfg, "target.image", target.kind == "file", f"target={target.kind} explains a held-out image", "target=file target.image={}")
     if cfg.target.kind == "file" and not cfg.target.path:
         raise ConfigError(
             "target=file needs target.path=/path/to/heatmap.npy (or .png), and target.image=/path/to/input.npy "
@@ -288,7 +295,7 @@ def _check_read(cfg, key: str, read: bool, why_not: str, how: str) -> None:
     value = _get(cfg, key)
     if value and not read:
         raise ConfigError(
-            f"Config value {key}={value!r} is not read here: {why_not}. To use the file: {how}{value}; "
+            f"Config value {key}={value!r} is not read here: {why_not}. To use the file: {how.format(value, value)}; "
             f"otherwise drop {key}."
         )
 
