@@ -86,7 +86,8 @@ def update(
     Returns:
         ``loss``, ``terms`` (the objective's other terms, float32), ``heatmap`` (before the
         update), ``logits``, ``gradients``, and ``nonfinite`` (1 when the loss or a gradient
-        was NaN/Inf and the update was skipped, else 0; always 0 without ``guard``).
+        was NaN/Inf and the update was skipped, else 0; without ``guard``, 1 when the loss was
+        NaN/Inf, the update made all the same).
     """
     variables = student.trainable_variables
     with tf.GradientTape() as tape:
@@ -100,9 +101,10 @@ def update(
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
         # A NaN/Inf step leaves the weights and the optimizer's state untouched.
         skip = tf.logical_not(finite)
+        apply_gradients(optimizer, gradients, variables, skip=skip)
     else:
-        skip = tf.constant(False)
-    apply_gradients(optimizer, gradients, variables, skip=skip if guard else None)
+        skip = tf.logical_not(tf.math.is_finite(loss))  # in the loss's own dtype: float64 beyond float32's range is finite
+        apply_gradients(optimizer, gradients, variables)
     return {
         "loss": tf.cast(loss, tf.float32),
         "terms": {name: tf.cast(value, tf.float32) for name, value in terms.items()},
@@ -373,7 +375,7 @@ class CompiledStep:
 
                 def body(i, skipped, finite):
                     result = body_fn(*batch)
-                    return i + 1, skipped + result["nonfinite"], finite & tf.math.is_finite(result["loss"])
+                    return i + 1, skipped + result["nonfinite"], finite & tf.equal(result["nonfinite"], 0)
 
                 _, skipped, finite = tf.while_loop(
                     lambda i, *_: i < steps - 1,
@@ -382,7 +384,7 @@ class CompiledStep:
                     parallel_iterations=1,  # sequential: each update reads the last one's weights
                 )
                 last = body_fn(*batch)
-                skipped, finite = skipped + last["nonfinite"], finite & tf.math.is_finite(last["loss"])
+                skipped, finite = skipped + last["nonfinite"], finite & tf.equal(last["nonfinite"], 0)
                 # ``nonfinite`` of a call: how many of its updates were skipped.
                 return {**last, "nonfinite": skipped, **gradient_stats(last["gradients"]), "finite": finite}
 

@@ -471,3 +471,19 @@ def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-14)
     again = looped(x, label, target, steps=1)  # iterations is still 2: NaN again, skipped again
     assert int(again["nonfinite"]) == 1
+
+
+def test_xla_loop_keeps_a_call_whose_float64_loss_is_finite_beyond_float32s_range(rng):
+    """The check reads the loss in its own dtype: ~1e40 is finite in float64 (inf as float32), so nothing is redone."""
+    model, x, label, target = _problem("dense", rng)
+    match = HeatmapMatch(heatmap_loss("mse"))
+
+    def huge(explanation, label, target):
+        terms = match(explanation, label, target)
+        return {**terms, "loss": terms["loss"] * tf.constant(1e45, tf.float64)}
+
+    step = compile_step(model, LRP(model, "epsilon_gamma_box"), huge, keras.optimizers.Adam(1e-3), "xla", 3, xla_loop=True)
+    assert 3.5e38 < float(huge(LRP(model, "epsilon_gamma_box").explain(x, label), label, target)["loss"]) < 1e300
+    result = step(x, label, target)
+    assert int(result["nonfinite"]) == 0 and all(np.all(np.isfinite(w)) for w in _weights(model))
+    assert step._guarded.experimental_get_tracing_count() == 0
