@@ -31,7 +31,7 @@ class DataConfig:
 class ModelConfig:
     name: str = "mlp"  # mlp | cnn | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
     path: Optional[str] = None  # a .keras/.h5 file for model=file
-    weights: Optional[str] = None  # applications: a local <file>.weights.h5 for the reference (none: trained here)
+    weights: Optional[str] = None  # a local <file>.weights.h5 for the reference (none: trained here); not with model=file
     hidden: list[int] = field(default_factory=lambda: [300, 100])
     filters: list[int] = field(default_factory=lambda: [16, 32])
     activation: str = "relu"  # relu | softplus
@@ -270,8 +270,8 @@ def validate(cfg) -> None:
     model, data, target = cfg.model, cfg.data, cfg.target
     _check_read(cfg, "model.path", model.name == "file", f"model={model.name} builds its own model", "model=file model.path={}")
     _check_read(
-        cfg, "model.weights", model.name in APPLICATIONS, f"model={model.name} is not a Keras application",
-        "model=<application, e.g. resnet50> model.weights={}",
+        cfg, "model.weights", model.name != "file", "model=file loads the model, weights and all, from model.path",
+        "model=<mlp, cnn or an application> model.weights={}",
     )
     _check_read(
         cfg, "data.path", data.name in ("npz", "folder", "csv", "mnist"), f"data {data.name!r} is bundled",

@@ -114,7 +114,7 @@ def test_file_choices_need_a_path(compose_train, group):
     ("overrides", "key", "fix"),
     [
         (["model.path=mine.keras"], "model.path", "model=file model.path=mine.keras"),
-        (["model=cnn", "model.weights=w.weights.h5"], "model.weights", "model.weights=w.weights.h5"),
+        (["model=file", "model.path=m.keras", "model.weights=w.weights.h5"], "model.weights", "model.weights=w.weights.h5"),
         (["data.path=shapes"], "data.path", "data.path=shapes"),
         (["data=tabular", "data.path=t.csv"], "data.path", "data.path=t.csv"),
         (["target.path=map.npy"], "target.path", "target=file target.path=map.npy"),
