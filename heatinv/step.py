@@ -101,10 +101,9 @@ def update(
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
         # A NaN/Inf step leaves the weights and the optimizer's state untouched.
         skip = tf.logical_not(finite)
-        apply_gradients(optimizer, gradients, variables, skip=skip)
     else:
         skip = tf.logical_not(tf.math.is_finite(loss))  # in the loss's own dtype: float64 beyond float32's range is finite
-        apply_gradients(optimizer, gradients, variables)
+    apply_gradients(optimizer, gradients, variables, skip=skip if guard else None)
     return {
         "loss": tf.cast(loss, tf.float32),
         "terms": {name: tf.cast(value, tf.float32) for name, value in terms.items()},
@@ -398,10 +397,10 @@ class CompiledStep:
             self._single = tf.function(single, jit_compile=jit, reduce_retracing=True, autograph=False)
             self.function = self._single
             return
-        if jit and not xla_loop:
-            self._update = tf.function(one, jit_compile=True, reduce_retracing=True, autograph=False)
+        if not self.xla_loop:  # each update one program (XLA's or TensorFlow's), traced once, looped by TensorFlow
+            self._update = tf.function(one, jit_compile=jit, reduce_retracing=True, autograph=False)
             self._many = tf.function(looped(self._update), reduce_retracing=True, autograph=False)
-        elif self.xla_loop and fused_kind(optimizer, variables) is not None:
+        elif fused_kind(optimizer, variables) is not None:
             # The guard's check of every gradient before its update took 13 % of the mlp's update
             # in this loop. A fused Adam or SGD update of a NaN/Inf gradient makes its weight
             # NaN/Inf (Adam: m and v Inf or NaN, m / sqrt(v) NaN; SGD: lr * g), and no later
@@ -422,11 +421,8 @@ class CompiledStep:
             self._many = tf.function(speculative, jit_compile=True, reduce_retracing=True, autograph=False)
             self._guarded = tf.function(looped(one), jit_compile=True, reduce_retracing=True, autograph=False)
             self._restore = tf.function(lambda: [v.assign(saved) for v, saved in zip(state, self._saved)], autograph=False)
-        elif jit:
+        else:
             self._many = tf.function(looped(one), jit_compile=True, reduce_retracing=True, autograph=False)
-        else:  # the update traced once, called by the loop and for the last update
-            self._update = tf.function(one, reduce_retracing=True, autograph=False)
-            self._many = tf.function(looped(self._update), reduce_retracing=True, autograph=False)
         self.function = self._many
 
     def __call__(self, *batch, steps: int | None = None) -> dict:
