@@ -148,15 +148,30 @@ class Checkpointer:
     """Save under ``<out>/checkpoints`` (the last two kept); restore the newest checkpoint that reads back whole.
 
     A checkpoint holds the student, the optimizer and the task's own ``state`` (trackables,
-    e.g. the dataset task's running epoch sums), and the number of completed steps.
+    e.g. the dataset task's running epoch sums), the number of completed steps, and the
+    count of skipped NaN/Inf updates (:attr:`nonfinite_steps`, :attr:`nonfinite_streak`: the
+    run's total and the current run of them in a row, 0 for a fresh run).
     """
 
     def __init__(self, out: str, student: keras.Model, optimizer: keras.optimizers.Optimizer, **state):
         self.out = out
         self.folder = os.path.join(out, CHECKPOINTS)
         self.completed = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_steps")
-        self.checkpoint = tf.train.Checkpoint(student=student, optimizer=optimizer, completed=self.completed, **state)
+        self.nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_steps")
+        self.streak = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_streak")
+        parts = dict(student=student, optimizer=optimizer, completed=self.completed, **state)
+        self.checkpoint = tf.train.Checkpoint(**parts, nonfinite=self.nonfinite, streak=self.streak)
+        # Checkpoints written before the counts were kept: everything else, the counts left at 0.
+        self._without_counts = tf.train.Checkpoint(**parts)
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.folder, max_to_keep=2)
+
+    @property
+    def nonfinite_steps(self) -> int:
+        return int(self.nonfinite.numpy())
+
+    @property
+    def nonfinite_streak(self) -> int:
+        return int(self.streak.numpy())
 
     def restore(self) -> int:
         """Load the newest whole checkpoint; return the steps it had completed.
@@ -179,7 +194,9 @@ class Checkpointer:
             prefix = os.path.join(self.folder, f"ckpt-{number}")
             why = unreadable(prefix)
             if why is None:
-                self.checkpoint.restore(prefix).assert_existing_objects_matched()
+                saved = {name.split("/")[0] for name, _ in tf.train.list_variables(prefix)}
+                checkpoint = self.checkpoint if "nonfinite" in saved else self._without_counts
+                checkpoint.restore(prefix).assert_existing_objects_matched()
                 return int(self.completed.numpy())
             damaged.append(prefix)
             print(f"heatinv: warning: checkpoint {prefix} is damaged ({why}); skipped.", file=sys.stderr, flush=True)
@@ -190,9 +207,11 @@ class Checkpointer:
             "(the damaged checkpoints are removed), or restore the files from a copy."
         )
 
-    def save(self, completed: int) -> str:
+    def save(self, completed: int, nonfinite_steps: int = 0, nonfinite_streak: int = 0) -> str:
         """Write checkpoint ``ckpt-<completed>`` (whole before it is listed) and return its prefix."""
         self.completed.assign(completed)
+        self.nonfinite.assign(nonfinite_steps)
+        self.streak.assign(nonfinite_streak)
         return self.manager.save(checkpoint_number=completed)
 
 

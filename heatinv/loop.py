@@ -133,7 +133,7 @@ class LoopResult:
         checkpoints_seconds: of it, in checkpoints.
         first_call_seconds: the first call (tracing and compiling included), None without calls.
         first_call_steps: the updates of that first call.
-        nonfinite_steps: updates skipped for a NaN/Inf loss or gradient.
+        nonfinite_steps: updates skipped for a NaN/Inf loss or gradient since the run began (before a resume too).
         stopped: the step the run stopped at, when gradients vanished; else None.
         why: the reason, for the report.
         findings: the task's diagnosis when it stopped.
@@ -188,10 +188,11 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
     Example:
     >>> result = train(task, checkpointer, checkpointer.restore(), cfg.trainer, summaries, variables)  # doctest: +SKIP
     """
-    loop = LoopResult(start=start, steps=start)
+    # A resumed run goes on counting the skipped updates where its checkpoint left them.
+    loop = LoopResult(start=start, steps=start, nonfinite_steps=checkpointer.nonfinite_steps)
     signal_at = _test_signal()
     progress = None
-    streak, last_checkpoint = 0, start
+    streak, last_checkpoint = checkpointer.nonfinite_streak, start
     every, seconds = trainer.checkpoint_every, trainer.checkpoint_seconds
     rare_every = max(1, math.ceil(task.total / RARE_LOGS))
     began = last_saved = time.perf_counter()
@@ -200,7 +201,7 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
         nonlocal last_saved
         started = time.perf_counter()
         summaries.flush()  # a run resumed from this checkpoint keeps every summary up to it
-        path = checkpointer.save(step)
+        path = checkpointer.save(step, loop.nonfinite_steps, streak)
         last_saved = time.perf_counter()
         loop.checkpoints_seconds += last_saved - started
         return path

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import train_command
+from conftest import compose_run, train_command
 from heatinv.checkpoints import RunDirectoryError, guard_run_directory
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 
@@ -261,3 +261,68 @@ def test_nonfinite_steps_do_not_update_and_stop_the_run(composed, monkeypatch):
     untouched = build_model(architecture(cfg), 10, seed=cfg.trainer.seed)
     for after, before in zip(student.get_weights(), untouched.get_weights()):
         np.testing.assert_array_equal(after, before)
+
+
+def test_a_resumed_run_goes_on_counting_its_nonfinite_steps(composed, reference_cache, monkeypatch):
+    """The skipped updates' total and their run in a row are checkpointed: a resume neither forgets nor restarts them."""
+    import numpy as np
+    import tensorflow as tf
+
+    import heatinv.single as single_task
+    import heatinv.train as train
+
+    real = single_task.heatmap_loss
+
+    def poisoned(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return lambda heatmap, target: loss(heatmap, target) * tf.constant(np.nan, heatmap.dtype)
+
+    monkeypatch.setattr(single_task, "heatmap_loss", poisoned)
+    settings = ("trainer.steps_per_execution=1", "trainer.log_every=1", "trainer.max_nonfinite=7")
+    cfg, out = composed("trainer.steps=5", *settings)
+    assert train.run(cfg)["nonfinite_steps"] == 5  # every update skipped, too few in a row to stop
+    with pytest.raises(train.GradientsVanished) as stop:
+        train.run(compose_run(out, reference_cache, "trainer.steps=10", "trainer.resume=true", *settings))
+    # the 6th and 7th skipped updates in a row, not the resumed process's 1st and 2nd
+    assert stop.value.step == 7 and "7 steps in a row up to step 7" in str(stop.value)
+    assert json.loads((out / "metrics.json").read_text())["nonfinite_steps"] == 7
+    counted = {
+        event.step: float(tf.make_ndarray(value.tensor))
+        for path in sorted((out / "tensorboard").glob("events.out.tfevents.*"))
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+        for value in event.summary.value
+        if value.tag == "3_health_per_step/nonfinite_steps"
+    }
+    # TensorBoard's count goes on from the checkpoint's (a stopping step writes its diagnosis, not its health)
+    assert counted == {step: float(step) for step in range(1, 7)}
+
+
+def test_a_checkpoint_without_the_nonfinite_counts_still_resumes(tmp_path, rng):
+    """Checkpoints written before the counts were kept restore everything else, the counts at 0."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from conftest import dense_model
+    from heatinv.checkpoints import Checkpointer
+
+    model, optimizer = dense_model(seed=1), keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    completed = tf.Variable(30, dtype=tf.int64, trainable=False)
+    old = tf.train.Checkpoint(student=model, optimizer=optimizer, completed=completed)
+    tf.train.CheckpointManager(old, str(tmp_path / "checkpoints"), max_to_keep=2).save(checkpoint_number=30)
+
+    fresh = dense_model(seed=2)
+    fresh_optimizer = keras.optimizers.Adam(1e-3)
+    fresh_optimizer.build(fresh.trainable_variables)
+    checkpointer = Checkpointer(str(tmp_path), fresh, fresh_optimizer)
+    assert checkpointer.restore() == 30
+    assert (checkpointer.nonfinite_steps, checkpointer.nonfinite_streak) == (0, 0)
+    for restored, saved in zip(fresh.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(restored, saved)
+    # and a checkpoint written now keeps them
+    checkpointer.save(40, nonfinite_steps=3, nonfinite_streak=2)
+    again_model, again_optimizer = dense_model(seed=3), keras.optimizers.Adam(1e-3)
+    again_optimizer.build(again_model.trainable_variables)
+    again = Checkpointer(str(tmp_path), again_model, again_optimizer)
+    assert again.restore() == 40 and (again.nonfinite_steps, again.nonfinite_streak) == (3, 2)
