@@ -7,6 +7,7 @@ this module trains the student or writes a run's files.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,8 @@ from heatinv.targets import Target, build_target
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,10 +67,9 @@ def build_parts(cfg) -> Parts:
     dataset = load_dataset(
         d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed
     )
-    print(
+    log.info(
         f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
-        f"shape {dataset.input_shape}, {dataset.num_classes} classes",
-        flush=True,
+        f"shape {dataset.input_shape}, {dataset.num_classes} classes"
     )
     default_box_to_data_range(cfg, dataset)
     check_target_fits_data(cfg, dataset)
@@ -102,7 +104,7 @@ def default_box_to_data_range(cfg, dataset: Dataset) -> None:
             with open_dict(cfg):
                 cfg.lrp[key] = plain
             shown = plain if np.ndim(value) == 0 else f"{len(plain)} values, one per channel/feature, from {min(plain):.3g} to {max(plain):.3g}"
-            print(f"heatinv: lrp.{key} = {shown} (the {dataset.name} data's range; set lrp.{key} to override)", flush=True)
+            log.info(f"heatinv: lrp.{key} = {shown} (the {dataset.name} data's range; set lrp.{key} to override)")
     low, high = np.asarray(cfg.lrp.low, np.float64), np.asarray(cfg.lrp.high, np.float64)
     if low.shape != high.shape and low.size > 1 and high.size > 1 or not np.all(low <= high):
         raise ConfigError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 
@@ -24,6 +25,8 @@ from heatinv.layers import SoftplusBeta
 from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.progress import FitProgress
 from heatinv.startup import dropping_known_notices
+
+log = logging.getLogger(__name__)
 
 INPUT_SHAPE = (28, 28, 1)
 
@@ -393,10 +396,9 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
                     validation_data=(dataset.x_train[val], dataset.y_train[val]), callbacks=[progress, stop],
                 )
         # The progress display ends where early stopping ended the fit: say so, and which epoch is kept.
-        print(
+        log.info(
             f"heatinv: the reference {arch.name} trained {len(history.epoch)} of at most {epochs} epochs; "
-            f"kept epoch {stop.best_epoch + 1}, the lowest validation loss ({stop.best:.4g})",
-            flush=True,
+            f"kept epoch {stop.best_epoch + 1}, the lowest validation loss ({stop.best:.4g})"
         )
         for layer, momentum in own_momentum.items():
             layer.momentum = momentum

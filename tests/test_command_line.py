@@ -42,6 +42,10 @@ def test_a_doctor_stop_exits_3_with_the_diagnosis_and_no_traceback(tmp_path, ref
     assert "Traceback" not in done.stderr
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["stopped_at_step"] == 0 and metrics["diagnosis"][0]["code"] == "dead-output"
+    # README: train.log holds everything the console showed, the lines of building the run's parts too
+    log = (tmp_path / "run" / "train.log").read_text()
+    for line in ("heatinv: data digits: ", "heatinv: lrp.low = 0.0 (the digits data's range"):
+        assert line in done.stdout and line in log, line
 
 
 @pytest.mark.slow

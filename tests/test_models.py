@@ -6,6 +6,7 @@ second; the cache is checked without timing, by counting (or forbidding) calls t
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -298,7 +299,7 @@ def test_reference_validates_on_training_images_never_on_the_test_set(dataset, m
     assert not set(map(np.ndarray.tobytes, seen["x"])) & set(map(np.ndarray.tobytes, np.asarray(x_val)))
 
 
-def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monkeypatch, capsys):
+def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monkeypatch, caplog):
     # On random labels the validation loss cannot keep improving: training must stop long
     # before 200 epochs, and the weights must be the best epoch's (EarlyStopping restores them).
     histories = []
@@ -310,7 +311,8 @@ def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monk
         return history
 
     monkeypatch.setattr(keras.Model, "fit", fit)
-    model = train_reference(TINY, dataset, epochs=200, seed=0)
+    with caplog.at_level(logging.INFO, logger="heatinv.models"):
+        model = train_reference(TINY, dataset, epochs=200, seed=0)
     (history,) = histories
     val = history["val_loss"]
     assert len(val) < 200 and len(val) - 1 - int(np.argmin(val)) == PATIENCE
@@ -320,10 +322,10 @@ def test_reference_stops_early_and_keeps_its_best_validation_epoch(dataset, monk
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y_val, logits) + sum(model.losses)
     # Keras's val_loss adds the L2 penalty; measured agreement with a recomputation ~1e-7.
     assert float(loss) == pytest.approx(min(val), rel=1e-5)
-    # The console says where the progress display stopped and which epoch was kept.
+    # The log (the console and train.log) says where the progress display stopped and which epoch was kept.
     said = re.search(
         r"the reference mlp trained (\d+) of at most 200 epochs; kept epoch (\d+), the lowest validation loss \(([^)]+)\)",
-        capsys.readouterr().out,
+        caplog.text,
     )
     assert said, "no line on how the reference's training ended"
     assert int(said[1]) == len(val) and int(said[2]) == int(np.argmin(val)) + 1
