@@ -26,7 +26,17 @@ from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.explanation_cache import cached_explanations
 from heatinv.lrp import LRP
-from heatinv.models import REFERENCE_SEED, Architecture, accuracy, build_model, in_float64, load_model_file, reference_model
+from heatinv.models import (
+    REFERENCE_SEED,
+    Architecture,
+    accuracy,
+    build_model,
+    in_float64,
+    load_model_file,
+    reference_model,
+    smoothed,
+    with_input_shape,
+)
 from heatinv.progress import Progress
 from heatinv.targets import Target, build_target
 
@@ -76,8 +86,11 @@ def build_parts(cfg) -> Parts:
     if cfg.model.name == "file":
         reference = load_model_file(cfg.model.path)
         check_model_fits(reference, dataset, cfg.model.path)
+        reference = with_input_shape(reference, dataset.input_shape)
         reference_acc = accuracy(reference, dataset.x_test, dataset.y_test)
         student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
+        if cfg.model.activation == "softplus":  # the file's model stays the reference, explained as saved
+            student = smoothed(student, cfg.model.beta)
     else:
         reference, reference_acc = reference_model(
             architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=REFERENCE_SEED, weights=cfg.model.weights
@@ -192,11 +205,19 @@ def architecture(cfg) -> Architecture:
 
 
 def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:
-    """A user's model must take the dataset's inputs and score its classes."""
+    """A user's model must take the dataset's inputs (a size left open, None, fits any) and score its classes."""
+    inputs, outputs = list(getattr(model, "inputs", None) or []), list(getattr(model, "outputs", None) or [])
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(
+            f"Model file {path} (model.path) has {len(inputs)} inputs of shapes {[tuple(x.shape) for x in inputs]} "
+            f"and {len(outputs)} outputs of shapes {[tuple(y.shape) for y in outputs]}; heatinv explains a model with "
+            "one input and one output of class scores. Save the part to explain as its own model, e.g. "
+            "keras.Model(model.inputs[0], model.outputs[k]).save('<name>.keras'), and point model.path at it."
+        )
     expected_in = (None,) + dataset.input_shape
-    given_in = tuple(model.inputs[0].shape) if getattr(model, "inputs", None) else None
-    given_out = tuple(model.outputs[0].shape) if getattr(model, "outputs", None) else None
-    if given_in != expected_in or given_out is None or given_out[-1] != dataset.num_classes:
+    given_in, given_out = tuple(inputs[0].shape), tuple(outputs[0].shape)
+    fits = len(given_in) == len(expected_in) and all(g is None or g == e for g, e in zip(given_in, expected_in))
+    if not fits or given_out[-1] != dataset.num_classes:
         raise ValueError(
             f"Model file {path} (model.path) takes inputs of shape {given_in} and gives outputs of shape "
             f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs "

@@ -218,6 +218,25 @@ def load_model_file(path: str) -> keras.Model:
         raise ValueError(f"Keras could not load model file {path} (model.path): {why}.{hint}") from error
 
 
+def with_input_shape(model: keras.Model, input_shape: tuple[int, ...]) -> keras.Model:
+    """``model`` for inputs of ``input_shape`` (no batch axis): itself when its input says so, else a copy with its weights.
+
+    A model saved with sizes left open (``keras.Input((None, None, 3))``) is built again
+    for the data's size, so every layer has the static shapes the explainer reads.
+
+    Example:
+    >>> inputs = keras.Input((None, None, 3))
+    >>> open_model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(inputs)))
+    >>> tuple(with_input_shape(open_model, (32, 32, 3)).inputs[0].shape)
+    (None, 32, 32, 3)
+    """
+    if tuple(model.inputs[0].shape[1:]) == tuple(input_shape):
+        return model
+    clone = keras.models.clone_model(model, input_tensors=keras.Input(shape=input_shape, dtype=model.inputs[0].dtype))
+    clone.set_weights(model.get_weights())
+    return clone
+
+
 def variable_tag(variable) -> str:
     """``<layer>/<variable>`` from a Keras variable's path (``sequential/dense/kernel``): TensorBoard tags and the doctor's names."""
     return "/".join(variable.path.split("/")[-2:])

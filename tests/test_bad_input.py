@@ -90,6 +90,14 @@ def test_model_with_an_unsupported_layer(config, tmp_path):
            "Supported layers")
 
 
+def test_model_file_with_two_outputs(config, tmp_path):
+    inputs = keras.Input((28, 28, 1))
+    hidden = keras.layers.Dense(8)(keras.layers.Flatten()(inputs))
+    keras.Model(inputs, [keras.layers.Dense(10)(hidden), keras.layers.Dense(1)(hidden)]).save(tmp_path / "two.keras")
+    expect(ValueError, config("model=file", f"model.path={tmp_path}/two.keras"), "two.keras", "2 outputs",
+           "[(None, 10), (None, 1)]", "keras.Model(model.inputs[0], model.outputs[k])")
+
+
 def test_model_file_whose_input_is_not_an_image(config, tmp_path):
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(10)])
     model.save(tmp_path / "five.keras")

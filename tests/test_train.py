@@ -370,6 +370,34 @@ def test_model_file_runs(tmp_path, cache_dir):
     assert [layer.units for layer in student.layers if isinstance(layer, keras.layers.Dense)] == [12, 10]
 
 
+def test_model_file_with_open_image_sizes_is_built_for_the_data(tmp_path, cache_dir):
+    inputs = keras.Input((None, None, 1))
+    features = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3, activation="relu")(inputs))
+    saved = keras.Model(inputs, keras.layers.Dense(10)(features))
+    saved.save(tmp_path / "open.keras")
+    cfg = train_config(tmp_path / "out", cache_dir, "model=file", f"model.path={tmp_path / 'open.keras'}", "trainer.steps=2")
+    parts = build_parts(cfg)
+    assert tuple(parts.reference.inputs[0].shape) == (None, 28, 28, 1)
+    x = parts.dataset.x_test[:4]
+    np.testing.assert_array_equal(parts.reference(x), saved(x))  # the same weights
+    assert math.isfinite(run(cfg)["cosine"])
+
+
+def test_model_file_with_softplus_optimizes_a_smoothed_student(tmp_path, cache_dir):
+    from heatinv.layers import SoftplusBeta
+
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(12),
+                              keras.layers.ReLU(name="relu"), keras.layers.Dense(10)])
+    model.save(tmp_path / "relu.keras")
+    overrides = ("model=file", f"model.path={tmp_path / 'relu.keras'}", "model.activation=softplus", "model.beta=7")
+    parts = build_parts(train_config(tmp_path / "out", cache_dir, *overrides, "init=reference"))
+    (swapped,) = [layer for layer in parts.student.layers if layer.name == "relu"]
+    assert isinstance(swapped, SoftplusBeta) and swapped.beta == 7
+    assert isinstance(parts.reference.get_layer("relu"), keras.layers.ReLU)  # the file's model, as saved
+    for student, reference in zip(parts.student.get_weights(), parts.reference.get_weights()):
+        np.testing.assert_array_equal(student, reference)
+
+
 @pytest.mark.parametrize("loss", ["l1", "mse", "huber"])
 def test_each_loss_improves_cosine(tmp_path, cache_dir, loss):
     metrics = run(train_config(tmp_path, cache_dir, f"loss={loss}", "trainer.steps=40", "trainer.log_every=40"))
