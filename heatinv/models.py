@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import asdict, dataclass
 
 import keras
@@ -198,24 +199,81 @@ def load_model_file(path: str) -> keras.Model:
 
     Raises:
         FileNotFoundError: naming the path and the config key.
-        ValueError: for a file Keras refuses (a ``Lambda`` layer under safe mode, say).
+        ValueError: for a file that is no Keras model (a folder, a weights file, another
+            format) or that Keras refuses (a ``Lambda`` layer under safe mode, say).
     """
     path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(path):
+        raise ValueError(
+            f"Model path {path} (model.path) is a folder (a TensorFlow SavedModel?), not a model file; Keras 3 "
+            "loads a SavedModel for inference only. Save the model from the code that built it with "
+            "model.save('<name>.keras') and point model.path at that file."
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"Model file {path} (model.path) does not exist. Point model.path at a Keras .keras or .h5 file."
         )
+    wrong_kind = _not_a_model_file(path)
+    if wrong_kind:
+        raise ValueError(f"Model file {path} (model.path) {wrong_kind}")
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=True)
     except Exception as error:  # Keras raises several types; all mean "refused"
-        why = str(error).splitlines()[0][:300]
         hint = (
             " It contains a Lambda layer or other serialized Python code, which safe_mode refuses so that "
             "opening a model never runs code; rebuild the model without it."
             if "safe_mode" in str(error) or "Lambda" in str(error)
             else ""
         )
-        raise ValueError(f"Keras could not load model file {path} (model.path): {why}.{hint}") from error
+        raise ValueError(f"Keras could not load model file {path} (model.path): {keras_reason(error)}{hint}") from error
+
+
+def _not_a_model_file(path: str) -> str | None:
+    """Why ``path`` cannot be a Keras model file, told by its name and first bytes; None when it may be one."""
+    import zipfile
+
+    import h5py
+
+    if path.endswith(".weights.h5"):
+        return (
+            "holds weights only (model.save_weights). Give them to the architecture they came from: "
+            "model=<name> model.weights=<file>.weights.h5, or save the whole model with model.save('<name>.keras')."
+        )
+    extension = os.path.splitext(path)[1].lower()
+    if extension == ".keras" and not zipfile.is_zipfile(path):
+        return (
+            "is not a .keras archive (a .keras file is a zip archive, and this one is not: a file of another kind, "
+            "renamed, or one cut short). Save the model again with model.save('<name>.keras')."
+        )
+    if extension in (".h5", ".hdf5") and not h5py.is_hdf5(path):
+        return "is not an HDF5 file (a cut or renamed file?). Save the model again with model.save('<name>.keras')."
+    if extension not in (".keras", ".h5", ".hdf5"):
+        return (
+            f"ends with {extension or 'no extension'}; Keras reads models saved as .keras (model.save('<name>.keras')) "
+            "or legacy .h5 files."
+        )
+    return None
+
+
+def keras_reason(error: Exception, limit: int = 400) -> str:
+    """Keras's error as one line: a shape mismatch as the variable and both shapes, else its text, arrays left out.
+
+    Example:
+    >>> keras_reason(ValueError("Could not load. ... must match. variable.shape=(4, 5), Received: "
+    ...     "value.shape=(4, 3). Target variable: <Variable path=dense/kernel, shape=(4, 5), value=[[0.1 0.2]]>"))
+    'dense/kernel has shape (4, 5) in the model and (4, 3) in the file.'
+    """
+    text = " ".join(str(error).split())
+    mismatch = re.search(
+        r"variable\.shape=(\(.*?\)), Received: value\.shape=(\(.*?\))\. Target variable: <Variable path=([^,]+)", text
+    )
+    if mismatch:
+        own, saved, variable = mismatch.groups()
+        return f"{variable} has shape {own} in the model and {saved} in the file."
+    text = re.sub(r"value=\[.*?\]>", ">", text)  # a variable's values, printed whole
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text if text.endswith((".", "...")) else text + "."
 
 
 def with_input_shape(model: keras.Model, input_shape: tuple[int, ...]) -> keras.Model:
@@ -374,7 +432,7 @@ def load_weights_file(model: keras.Model, path: str) -> None:
     except Exception as error:  # Keras raises several types; all mean "does not fit"
         raise ValueError(
             f"Weights file {file} (model.weights) does not fit model={model.name} built for inputs "
-            f"{tuple(model.inputs[0].shape)} and {model.outputs[0].shape[-1]} classes: {str(error).splitlines()[0][:200]}. "
+            f"{tuple(model.inputs[0].shape)} and {model.outputs[0].shape[-1]} classes: {keras_reason(error)} "
             "Save the weights from a model of the same architecture, input shape and class count."
         ) from error
 

@@ -22,6 +22,7 @@ from heatinv.models import (
     accuracy,
     build_model,
     load_model_file,
+    load_weights_file,
     reference_model,
     train_reference,
     validation_split,
@@ -193,6 +194,34 @@ def test_load_model_file_refuses_a_file_that_is_not_a_model(tmp_path):
     path.write_text("not a zip archive")
     with pytest.raises(ValueError, match="notes.keras"):
         load_model_file(str(path))
+
+
+def test_load_model_file_says_what_the_file_is_instead(tmp_path):
+    fake = tmp_path / "fake.keras"
+    fake.write_text("not a zip archive")
+    with pytest.raises(ValueError) as info:
+        load_model_file(str(fake))
+    assert "is not a .keras archive" in str(info.value) and "File not found" not in str(info.value)
+    with pytest.raises(ValueError, match="is a folder .* model.save"):
+        load_model_file(str(tmp_path))
+    weights = tmp_path / "tiny.weights.h5"
+    build_model(TINY, seed=1).save_weights(weights)
+    with pytest.raises(ValueError, match=r"holds weights only .* model.weights=<file>.weights.h5"):
+        load_model_file(str(weights))
+    table = tmp_path / "patients.csv"
+    table.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match=r"ends with \.csv; Keras reads models saved as \.keras"):
+        load_model_file(str(table))
+
+
+def test_weights_that_do_not_fit_name_the_variable_and_both_shapes(tmp_path):
+    path = tmp_path / "wide.weights.h5"
+    build_model(Architecture("mlp", hidden=(12,)), seed=1).save_weights(path)
+    with pytest.raises(ValueError) as info:
+        load_weights_file(build_model(Architecture("mlp", hidden=(8,)), seed=1), str(path))
+    message = str(info.value)
+    assert re.search(r"dense_\d/kernel has shape \(784, 8\) in the model and \(784, 12\) in the file\.", message), message
+    assert "\n" not in message and "value=[" not in message
 
 
 def test_reference_model_trains_once_then_loads_from_cache(dataset, tmp_path, count_fit, monkeypatch):
