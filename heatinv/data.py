@@ -455,6 +455,15 @@ def load_npz(path: str) -> Dataset:
             f"training labels only go up to {ys['y_train'].max()}: labels out of range. Every class must appear "
             "in y_train; renumber the labels 0..k-1."
         )
+    missing = sorted(set(range(int(ys["y_train"].max()) + 1)) - set(ys["y_train"].tolist())) if ys["y_train"].size else []
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise ValueError(
+            f"heatinv/data.py load_npz: '{file}' (data.path) has no training example of label {shown}, while its "
+            f"labels go up to {ys['y_train'].max()}: heatinv takes the labels as classes 0..k-1, each in y_train. "
+            "Renumber them: _, y = np.unique(np.concatenate([y_train, y_test]), return_inverse=True), then split y "
+            "back into y_train and y_test."
+        )
     uint8 = xs["x_train"].dtype == np.uint8
     x_train, x_test = (xs[k].astype(np.float32) / (255.0 if uint8 else 1.0) for k in ("x_train", "x_test"))
     low, high = (0.0, 1.0) if uint8 else _value_range(x_train, x_test)
@@ -489,8 +498,10 @@ def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed:
     """
     folder = os.path.abspath(os.path.expanduser(path)) if path else ""
     if not os.path.isdir(folder):
+        what = "is a file, not a folder" if os.path.isfile(folder) else "does not exist"
+        other = {".csv": " (a table: data=csv)", ".npz": " (arrays: data=npz)"}.get(os.path.splitext(folder)[1].lower(), "")
         raise FileNotFoundError(
-            f"heatinv/data.py load_folder: the image folder '{path}' (data.path) does not exist. Point "
+            f"heatinv/data.py load_folder: the image folder '{path}' (data.path) {what}{other}. Point "
             "data.path at a folder with one subfolder of images per class (e.g. shapes/circle/*.png, "
             "shapes/square/*.png)."
         )
@@ -811,6 +822,18 @@ def _standardized_table(x, y, name, class_names, feature_names, test_fraction) -
             "needs at least two. Check the label column (data.label_column)."
         )
     train, test = _stratified_split(y, test_fraction)
+    if len(test) == 0:
+        counts = np.bincount(y, minlength=len(class_names))
+        looks_measured = (
+            f" Its label column has {len(class_names)} different values in {len(y)} rows: a measurement rather than "
+            "a class?" if len(class_names) > len(y) / 2 else ""
+        )
+        raise ValueError(
+            f"heatinv/data.py: the table '{name}' ({len(y)} rows, {len(class_names)} classes of {counts.min()} to "
+            f"{counts.max()} rows) leaves no row to test: {test_fraction:.0%} of each class is held out, rounded, "
+            f"which is no row at all here.{looks_measured} Add rows, or choose a label column "
+            "of classes (data.label_column)."
+        )
     mean, std = x[train].mean(axis=0), x[train].std(axis=0)
     std = np.where(std > 0, std, 1.0)  # a constant column stays 0 rather than dividing by zero
     x = ((x - mean) / std).astype(np.float32)

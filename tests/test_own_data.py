@@ -213,7 +213,10 @@ def test_softplus_is_refused_for_a_relu_inside_a_convolution():
 
 
 def test_missing_folder(config, tmp_path):
-    expect(FileNotFoundError, config("data=folder", f"data.path={tmp_path}/nowhere"), "nowhere", "data.path")
+    expect(FileNotFoundError, config("data=folder", f"data.path={tmp_path}/nowhere"), "nowhere", "data.path", "does not exist")
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")
+    expect(FileNotFoundError, config("data=folder", f"data.path={tmp_path}/t.csv"), "t.csv", "is a file, not a folder",
+           "(a table: data=csv)")
 
 
 def test_missing_csv_file(config, tmp_path):
@@ -275,6 +278,33 @@ def test_npz_labels_out_of_range(config, tmp_path):
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/bad.npz"), "bad.npz", "label 5", "out of range")
     np.savez(tmp_path / "neg.npz", x_train=x[:8], y_train=y[:8] - 1, x_test=x[8:], y_test=y[8:])
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/neg.npz"), "neg.npz", "negative label -1")
+
+
+def test_npz_labels_with_a_gap_are_refused_with_the_renumbering(config, tmp_path):
+    x, y = draw_shapes(12)
+    gap = np.where(y == 2, 5, y)  # classes 0, 1 and 5: 2, 3 and 4 would be classes without examples
+    np.savez(tmp_path / "gap.npz", x_train=x[:8], y_train=gap[:8], x_test=x[8:], y_test=gap[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/gap.npz"), "gap.npz", "no training example of label 2, 3, 4",
+           "np.unique(np.concatenate([y_train, y_test]), return_inverse=True)")
+
+
+def test_a_class_without_held_out_examples_is_no_target(config, tmp_path):
+    x, y = draw_shapes(12)
+    test = np.where(y[8:] == 2, 0, y[8:])  # class 2 trains but is never held out
+    np.savez(tmp_path / "no2.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=test)
+    assert 2 in y[:8] and 2 in y[8:]  # the drawing's classes, so the test is about class 2
+    expect(ConfigError, config("data=npz", f"data.path={tmp_path}/no2.npz", "target=class", "target.label=2"),
+           "target.label=2", "no held-out example", "classes 0, 1")
+
+
+def test_csv_too_small_to_hold_rows_out(config, tmp_path):
+    (tmp_path / "three.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n5,6,x\n")
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/three.csv", "data.label_column=outcome"), "'three'",
+           "3 rows, 2 classes of 1 to 2 rows", "leaves no row to test", "Add rows")
+    rows = "".join(f"{i},{i % 3},{100 + i * 7}\n" for i in range(12))  # a measurement as the label: 12 values
+    (tmp_path / "measured.csv").write_text("a,b,pressure\n" + rows)
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/measured.csv", "data.label_column=pressure"),
+           "12 different values in 12 rows: a measurement rather than a class?", "data.label_column")
 
 
 def test_npz_images_channels_first_get_the_line_that_fixes_them(config, tmp_path):
