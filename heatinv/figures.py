@@ -48,6 +48,9 @@ manipulated student's map can (its total is its logit, free under a sum-normaliz
 SCORE_ORDER = ("cosine", "ssim", "pearson", "spearman", "loss")
 
 
+RESCALED_NOTE = "a panel titled xN shows its values times N on the colour bar"
+
+
 def heatmap_figure(
     image: np.ndarray,
     target: np.ndarray,
@@ -87,7 +90,7 @@ def heatmap_figure(
         fig.suptitle(title, fontsize=11)
     caption = _caption(scores)
     if rescaled:
-        caption += ("\n" if caption else "") + "a panel titled xN shows its values times N on the colour bar"
+        caption += ("\n" if caption else "") + RESCALED_NOTE
     if caption:
         fig.text(0.5, -0.02, caption, ha="center", va="top", fontsize=10)
     return fig
@@ -135,6 +138,7 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
     fig = Figure(figsize=(9.5, 2.2 * len(rows) + 0.6), layout="constrained")
     axes = np.asarray(fig.subplots(len(rows), 4, squeeze=False))
     columns = ("input", "reference", "target", "student")
+    rescaled = False
     for r, row in enumerate(rows):
         reference, target, student = (_as_map(m, n) for m, n in ((row.reference, "reference"), (row.target, "target"), (row.student, "student")))
         scale = max(_peak(reference), _peak(target)) or _peak(student) or 1.0
@@ -142,10 +146,13 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
         axes[r, 0].set_ylabel(f"class {row.label}\ncos {row.cosine:.3f}", fontsize=9)
         shown = None
         for c, values in enumerate((reference, target, student), start=1):
-            shown, _ = _draw_map(axes[r, c], values, scale, columns[c] if r == 0 else "")
+            shown, factor = _draw_map(axes[r, c], values, scale, columns[c] if r == 0 else "")
+            rescaled |= factor != 1
         fig.colorbar(shown, ax=list(axes[r, 1:]), shrink=0.9)
     if title:
         fig.suptitle(title, fontsize=11)
+    if rescaled:
+        fig.text(0.5, -0.01, RESCALED_NOTE, ha="center", va="top", fontsize=10)
     return fig
 
 

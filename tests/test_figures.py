@@ -92,6 +92,17 @@ def test_dataset_figure_rows_columns_and_student_on_target_scale():
         assert ax.images[0].get_clim() == pytest.approx((-scale, scale))
 
 
+def test_dataset_figure_says_what_a_rescaled_panel_means():
+    image, target = _maps(3)
+    plain = [Row(image, target, target, 0.5 * target, label="0", cosine=0.5)]
+    assert "times N" not in _caption(dataset_figure(plain))
+    # the second row's student is a thousandth of its scale: drawn x1000, and the figure says what that means
+    rows = plain + [Row(image, target, target, 0.001 * target, label="1", cosine=0.5)]
+    fig = dataset_figure(rows)
+    assert _image_axes(fig)[7].get_title() == "x1000"
+    assert "a panel titled xN shows its values times N" in _caption(fig)
+
+
 def test_save_writes_png_and_svg_whole(tmp_path):
     image, target = _maps()
     paths = save(heatmap_figure(image, target, target, target, {"cosine": 1.0}), str(tmp_path / "sub" / "heatmaps"))
