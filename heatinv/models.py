@@ -13,8 +13,10 @@ import json
 import logging
 import os
 import re
+import zipfile
 from dataclasses import asdict, dataclass
 
+import h5py
 import keras
 import numpy as np
 import tensorflow as tf
@@ -230,10 +232,6 @@ def load_model_file(path: str) -> keras.Model:
 
 def _not_a_model_file(path: str) -> str | None:
     """Why ``path`` cannot be a Keras model file, told by its name and first bytes; None when it may be one."""
-    import zipfile
-
-    import h5py
-
     if path.endswith(".weights.h5"):
         return (
             "holds weights only (model.save_weights). Give them to the architecture they came from: "
