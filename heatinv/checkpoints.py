@@ -92,7 +92,8 @@ class StopRequests:
 
 
 def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
-    """Refuse to start over a finished or an interrupted run unless asked to resume or overwrite.
+    """Refuse to start over a finished or an interrupted run unless asked to resume or overwrite,
+    and to resume where there is no checkpoint.
 
     ``overwrite`` (without ``resume``) starts over: the old checkpoints are removed, so a later
     resume can never pick one of them up.
@@ -105,6 +106,12 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
             "directory with hydra.run.dir=..."
         )
     folder = os.path.join(out, CHECKPOINTS)
+    if resume and not checkpoint_numbers(folder):
+        raise ResumeError(
+            f"trainer.resume=true, but {out} holds no checkpoint (no {CHECKPOINTS}/ckpt-*), so there is no run to "
+            "resume there. Point hydra.run.dir at the folder of the run to continue (the one its console's last "
+            "lines named), or start it without trainer.resume."
+        )
     if checkpoint_numbers(folder) and not (resume or overwrite):
         raise RunDirectoryError(
             f"Run directory {out} holds the checkpoints of an earlier run ({folder}). Nothing was changed. Continue "

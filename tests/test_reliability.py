@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose_run, train_command
-from heatinv.checkpoints import RunDirectoryError, guard_run_directory
+from conftest import compose_run, expect, train_command
+from heatinv.checkpoints import ResumeError, RunDirectoryError, guard_run_directory
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 
 SINGLE = ["trainer.steps=120", "trainer.log_every=40", "trainer.steps_per_execution=10", "trainer.checkpoint_every=20"]
@@ -218,8 +218,20 @@ def test_guard_run_directory(tmp_path):
     (tmp_path / "metrics.json").write_text("{}")
     with pytest.raises(RunDirectoryError, match="metrics.json"):
         guard_run_directory(str(tmp_path), resume=False, overwrite=False)
+    with pytest.raises(ResumeError, match="holds no checkpoint"):  # results but no checkpoint: nothing to resume from
+        guard_run_directory(str(tmp_path), resume=True, overwrite=False)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt-5.index").write_bytes(b"")
     guard_run_directory(str(tmp_path), resume=True, overwrite=False)
     guard_run_directory(str(tmp_path), resume=False, overwrite=True)
+
+
+def test_resuming_where_no_run_was_is_refused_before_anything_loads(config, tmp_path, monkeypatch):
+    import heatinv.train as train
+
+    monkeypatch.setattr(train, "build_parts", lambda cfg: pytest.fail("resume went on to load the data"))
+    expect(ResumeError, config("trainer.resume=true"), "trainer.resume=true", "holds no checkpoint", "hydra.run.dir",
+           "without trainer.resume")
 
 
 def test_checkpoints_of_an_unfinished_run_are_neither_reused_nor_lost_silently(tmp_path):
