@@ -166,10 +166,10 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
     count = int(np.count_nonzero(np.asarray(dataset.y_test) == target.label))
     if count == 0:
         held = ", ".join(str(c) for c in np.unique(np.asarray(dataset.y_test)))
+        where = f"the held-out examples are of classes {held}. Pick one of those" if held else "it has no held-out examples at all. Add some"
         raise ConfigError(
             f"Config value target.label={target.label} is a class of the {dataset.name} data with no held-out "
-            f"example, so there is no image of it to explain; the held-out examples are of classes {held}. Pick "
-            "one of those, or hold out examples of this class too."
+            f"example, so there is no image of it to explain; {where}, or hold out examples of this class too."
         )
     if target.index >= count:
         raise ConfigError(

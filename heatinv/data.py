@@ -455,14 +455,20 @@ def load_npz(path: str) -> Dataset:
             f"training labels only go up to {ys['y_train'].max()}: labels out of range. Every class must appear "
             "in y_train; renumber the labels 0..k-1."
         )
-    missing = sorted(set(range(int(ys["y_train"].max()) + 1)) - set(ys["y_train"].tolist())) if ys["y_train"].size else []
-    if missing:
-        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+    present = np.unique(ys["y_train"])
+    if present.size and present.size != present[-1] + 1:  # labels 0..k-1 all present: k distinct values up to k-1
+        missing = np.setdiff1d(np.arange(min(int(present[-1]) + 1, present.size + 10)), present)[:10]
+        shown = ", ".join(map(str, missing)) + (", ..." if present[-1] + 1 - present.size > len(missing) else "")
+        held_only = np.intersect1d(missing, ys["y_test"])
+        fix = (
+            f"label {', '.join(map(str, held_only))} has held-out examples only: move some of them to the training "
+            "split, or drop that class; then renumber" if held_only.size else "Renumber"
+        )
         raise ValueError(
             f"heatinv/data.py load_npz: '{file}' (data.path) has no training example of label {shown}, while its "
-            f"labels go up to {ys['y_train'].max()}: heatinv takes the labels as classes 0..k-1, each in y_train. "
-            "Renumber them: _, y = np.unique(np.concatenate([y_train, y_test]), return_inverse=True), then split y "
-            "back into y_train and y_test."
+            f"labels go up to {present[-1]}: heatinv takes the labels as classes 0..k-1, each in y_train. {fix} "
+            "them: _, y = np.unique(np.concatenate([y_train, y_test]), return_inverse=True), then split y back into "
+            "y_train and y_test."
         )
     uint8 = xs["x_train"].dtype == np.uint8
     x_train, x_test = (xs[k].astype(np.float32) / (255.0 if uint8 else 1.0) for k in ("x_train", "x_test"))

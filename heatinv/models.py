@@ -177,7 +177,7 @@ def smoothed(model: keras.Model, beta: float) -> keras.Model:
     >>> sum(isinstance(layer, SoftplusBeta) for layer in model.layers)
     35
     """
-    for layer in model.layers:
+    for layer in model._flatten_layers(include_self=False):  # nested models' layers too
         inner = getattr(layer, "activation", None)
         if not isinstance(layer, keras.layers.Activation) and getattr(inner, "__name__", "") == "relu":
             raise ValueError(
@@ -193,7 +193,7 @@ def smoothed(model: keras.Model, beta: float) -> keras.Model:
         )
         return SoftplusBeta(beta, name=layer.name) if relu else layer.__class__.from_config(layer.get_config())
 
-    return keras.models.clone_model(model, clone_function=swap)
+    return keras.models.clone_model(model, clone_function=swap, recursive=True)
 
 
 def load_model_file(path: str) -> keras.Model:
@@ -205,13 +205,13 @@ def load_model_file(path: str) -> keras.Model:
             format) or that Keras refuses (a ``Lambda`` layer under safe mode, say).
     """
     path = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(path):
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):  # Keras's unzipped format has one
         raise ValueError(
             f"Model path {path} (model.path) is a folder (a TensorFlow SavedModel?), not a model file; Keras 3 "
             "loads a SavedModel for inference only. Save the model from the code that built it with "
             "model.save('<name>.keras') and point model.path at that file."
         )
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(
             f"Model file {path} (model.path) does not exist. Point model.path at a Keras .keras or .h5 file."
         )
@@ -232,6 +232,8 @@ def load_model_file(path: str) -> keras.Model:
 
 def _not_a_model_file(path: str) -> str | None:
     """Why ``path`` cannot be a Keras model file, told by its name and first bytes; None when it may be one."""
+    if os.path.isdir(path):
+        return None
     if path.endswith(".weights.h5"):
         return (
             "holds weights only (model.save_weights). Give them to the architecture they came from: "
@@ -288,7 +290,9 @@ def with_input_shape(model: keras.Model, input_shape: tuple[int, ...]) -> keras.
     """
     if tuple(model.inputs[0].shape[1:]) == tuple(input_shape):
         return model
-    clone = keras.models.clone_model(model, input_tensors=keras.Input(shape=input_shape, dtype=model.inputs[0].dtype))
+    # in the structure of model.input: a model saved as keras.Model([x], y) wants a list
+    inputs = keras.tree.map_structure(lambda x: keras.Input(shape=input_shape, dtype=x.dtype), model.input)
+    clone = keras.models.clone_model(model, input_tensors=inputs)
     clone.set_weights(model.get_weights())
     return clone
 

@@ -204,6 +204,9 @@ def test_load_model_file_says_what_the_file_is_instead(tmp_path):
     assert "is not a .keras archive" in str(info.value) and "File not found" not in str(info.value)
     with pytest.raises(ValueError, match="is a folder .* model.save"):
         load_model_file(str(tmp_path))
+    unzipped = tmp_path / "unzipped"
+    build_model(TINY, seed=1).save(unzipped, zipped=False)  # Keras's own folder format loads
+    assert load_model_file(str(unzipped)).count_params() == build_model(TINY, seed=1).count_params()
     weights = tmp_path / "tiny.weights.h5"
     build_model(TINY, seed=1).save_weights(weights)
     with pytest.raises(ValueError, match=r"holds weights only .* model.weights=<file>.weights.h5"):

@@ -286,6 +286,14 @@ def test_npz_labels_with_a_gap_are_refused_with_the_renumbering(config, tmp_path
     np.savez(tmp_path / "gap.npz", x_train=x[:8], y_train=gap[:8], x_test=x[8:], y_test=gap[8:])
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/gap.npz"), "gap.npz", "no training example of label 2, 3, 4",
            "np.unique(np.concatenate([y_train, y_test]), return_inverse=True)")
+    ids = np.where(y == 2, 10**12, y)  # labels as ids: the gaps are named without listing them all
+    np.savez(tmp_path / "ids.npz", x_train=x[:8], y_train=ids[:8], x_test=x[8:], y_test=ids[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/ids.npz"), "no training example of label 2, 3, 4, 5, 6",
+           ", ...", f"labels go up to {10**12}")
+    held = np.where(y[:8] == 1, 0, y[:8])  # class 1 only among the held-out examples
+    assert 1 in y[8:]
+    np.savez(tmp_path / "held.npz", x_train=x[:8], y_train=held, x_test=x[8:], y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/held.npz"), "label 1 has held-out examples only")
 
 
 def test_a_class_without_held_out_examples_is_no_target(config, tmp_path):

@@ -383,6 +383,17 @@ def test_model_file_with_open_image_sizes_is_built_for_the_data(tmp_path, cache_
     assert math.isfinite(run(cfg)["cosine"])
 
 
+def test_model_file_with_open_sizes_and_a_list_of_one_input(tmp_path):
+    from heatinv.models import with_input_shape
+
+    inputs = keras.Input((None, None, 1))
+    saved = keras.Model([inputs], keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(inputs)))
+    built = with_input_shape(saved, (28, 28, 1))
+    x = np.random.default_rng(0).random((2, 28, 28, 1)).astype("float32")
+    assert tuple(built.inputs[0].shape) == (None, 28, 28, 1)
+    np.testing.assert_array_equal(built([x]), saved([x]))
+
+
 def test_model_file_with_softplus_optimizes_a_smoothed_student(tmp_path, cache_dir):
     from heatinv.layers import SoftplusBeta
 
@@ -396,6 +407,13 @@ def test_model_file_with_softplus_optimizes_a_smoothed_student(tmp_path, cache_d
     assert isinstance(parts.reference.get_layer("relu"), keras.layers.ReLU)  # the file's model, as saved
     for student, reference in zip(parts.student.get_weights(), parts.reference.get_weights()):
         np.testing.assert_array_equal(student, reference)
+    # a ReLU inside a nested model (a backbone) is swapped too
+    backbone = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(12),
+                                 keras.layers.ReLU(name="inner_relu")], name="backbone")
+    keras.Sequential([keras.Input((28, 28, 1)), backbone, keras.layers.Dense(10)]).save(tmp_path / "nested.keras")
+    overrides = ("model=file", f"model.path={tmp_path / 'nested.keras'}", "model.activation=softplus")
+    parts = build_parts(train_config(tmp_path / "nested", cache_dir, *overrides))
+    assert isinstance(parts.student.get_layer("backbone").get_layer("inner_relu"), SoftplusBeta)
 
 
 @pytest.mark.parametrize("loss", ["l1", "mse", "huber"])
