@@ -180,7 +180,11 @@ def spearman(heatmap, target) -> tf.Tensor:
     array([1.], dtype=float32)
     """
     heatmap, target = _prepare(heatmap, target)
-    return _pearson_rows(average_ranks(_flatten(heatmap)), average_ranks(_flatten(target)))
+    heatmap, target = _flatten(heatmap), _flatten(target)
+    correlation = _pearson_rows(average_ranks(heatmap), average_ranks(target))
+    # NaN has no rank (a sort puts it anywhere): a map holding one has no rank correlation either
+    finite = tf.reduce_all(tf.math.is_finite(heatmap), axis=-1) & tf.reduce_all(tf.math.is_finite(target), axis=-1)
+    return tf.where(finite, correlation, tf.constant(np.nan, correlation.dtype))
 
 
 def ssim(heatmap, target) -> tf.Tensor:

@@ -231,3 +231,12 @@ def test_shape_mismatch_is_a_clear_error():
 def test_unbatched_input_is_a_clear_error():
     with pytest.raises(ValueError, match="batch"):
         sim.similarity(np.zeros(784, np.float32), np.zeros(784, np.float32))
+
+
+def test_a_map_with_nan_has_no_rank_correlation():
+    """NaN sorts anywhere, so its ranks mean nothing: Spearman is NaN (null in metrics.json), like Pearson."""
+    maps = np.array([[1.0, np.nan, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]], np.float32)
+    target = np.array([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]], np.float32)
+    rho = sim.spearman(maps, target).numpy()
+    assert np.isnan(rho[0]) and rho[1] == 1.0
+    assert np.isnan(sim.spearman(target, maps).numpy()[0])
