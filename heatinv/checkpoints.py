@@ -106,13 +106,14 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
             "directory with hydra.run.dir=..."
         )
     folder = os.path.join(out, CHECKPOINTS)
-    if resume and not checkpoint_numbers(folder):
+    saved = checkpoint_numbers(folder)
+    if resume and not saved:
         raise ResumeError(
             f"trainer.resume=true, but {out} holds no checkpoint (no {CHECKPOINTS}/ckpt-*), so there is no run to "
             "resume there. Point hydra.run.dir at the folder of the run to continue (the one its console's last "
             "lines named), or start it without trainer.resume."
         )
-    if checkpoint_numbers(folder) and not (resume or overwrite):
+    if saved and not (resume or overwrite):
         raise RunDirectoryError(
             f"Run directory {out} holds the checkpoints of an earlier run ({folder}). Nothing was changed. Continue "
             "it with trainer.resume=true, start over with trainer.overwrite=true, or choose another directory with "
