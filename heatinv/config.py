@@ -7,8 +7,9 @@ config is composed, with Hydra naming the key; values whose range matters are ch
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -185,8 +186,96 @@ class ConfigError(ValueError):
     """A config value outside what heatinv accepts."""
 
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadOnlyWhen:
+    """Keys that only some choices read: set for another choice, they would be silently ignored."""
+
+    keys: tuple[str, ...]
+    when: Callable[[Any], bool]
+    by: str  # who reads them, as the user would pick it: "loss=huber"
+    on: tuple[str, ...]  # the choices deciding it, shown with this run's values
+
+
+def _composites_with(rule: str) -> tuple[str, ...]:
+    return tuple(sorted(name for name, spec in COMPOSITES.items() if rule in spec.values()))
+
+
+_DATASET_TASK_KEYS = (
+    "task.classes", "task.epochs", "task.batch_size", "task.heatmap_weight", "task.ce_weight", "task.logit_weight",
+    "task.lr_schedule", "task.teacher", "task.early_stopping", "task.success_threshold",
+)
+_FEATURE_KINDS = ("suppress_feature", "swap_features")
+
+READ_ONLY_WHEN = (
+    ReadOnlyWhen(("loss.delta",), lambda c: c.loss.name == "huber", "loss=huber", ("loss.name",)),
+    ReadOnlyWhen(("optimizer.momentum",), lambda c: c.optimizer.name == "sgd", "optimizer=sgd", ("optimizer.name",)),
+    ReadOnlyWhen(("model.hidden",), lambda c: c.model.name == "mlp", "model=mlp", ("model.name",)),
+    ReadOnlyWhen(("model.filters", "model.pool"), lambda c: c.model.name == "cnn", "model=cnn", ("model.name",)),
+    ReadOnlyWhen(
+        ("model.output_activation", "model.l2"), lambda c: c.model.name in ("mlp", "cnn"),
+        "model=mlp and model=cnn (an application ends in linear logits; a model file is used as saved)", ("model.name",),
+    ),
+    ReadOnlyWhen(("model.beta",), lambda c: c.model.activation == "softplus", "model.activation=softplus", ("model.activation",)),
+    ReadOnlyWhen(
+        ("model.reference_epochs",), lambda c: c.model.name != "file" and not c.model.weights,
+        "a reference trained here (model=mlp, cnn or an application, without model.weights)", ("model.name", "model.weights"),
+    ),
+    ReadOnlyWhen(("target.pattern",), lambda c: c.target.kind == "pattern", "target=pattern", ("target.kind",)),
+    ReadOnlyWhen(
+        ("target.scale",), lambda c: c.target.kind == "pattern" and c.task.kind == "single",
+        "target=pattern with task=single (task=dataset keeps each image's own total relevance)", ("target.kind", "task.kind"),
+    ),
+    ReadOnlyWhen(("target.like",), lambda c: c.target.kind in ("swap", "swap_features"), "target=swap and target=swap_features", ("target.kind",)),
+    ReadOnlyWhen(("target.top_k",), lambda c: c.target.kind == "suppress", "target=suppress", ("target.kind",)),
+    ReadOnlyWhen(
+        ("target.feature",), lambda c: c.target.kind in _FEATURE_KINDS, "target=suppress_feature and target=swap_features", ("target.kind",)
+    ),
+    ReadOnlyWhen(
+        ("target.label",), lambda c: c.task.kind == "single",
+        "task=single (task=dataset moves the heatmaps of task.classes)", ("task.kind",),
+    ),
+    ReadOnlyWhen(
+        ("target.index",), lambda c: c.task.kind == "single" and not c.target.image,
+        "task=single without target.image", ("task.kind", "target.image"),
+    ),
+    ReadOnlyWhen(("trainer.steps",), lambda c: c.task.kind == "single", "task=single (task=dataset runs task.epochs)", ("task.kind",)),
+    ReadOnlyWhen(_DATASET_TASK_KEYS, lambda c: c.task.kind == "dataset", "task=dataset", ("task.kind",)),
+    ReadOnlyWhen(
+        ("task.temperature",), lambda c: c.task.kind == "dataset" and c.task.teacher == "kl",
+        "task=dataset with task.teacher=kl", ("task.kind", "task.teacher"),
+    ),
+    ReadOnlyWhen(
+        ("task.min_agreement", "task.max_accuracy_drop"), lambda c: c.task.kind == "dataset" and c.task.early_stopping,
+        "task=dataset with task.early_stopping=true", ("task.kind", "task.early_stopping"),
+    ),
+    ReadOnlyWhen(("data.image_size", "data.test_split"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
+    ReadOnlyWhen(("data.label_column",), lambda c: c.data.name == "csv", "data=csv", ("data.name",)),
+    ReadOnlyWhen(
+        ("lrp.epsilon",), lambda c: c.lrp.composite in _composites_with("epsilon"),
+        f"the composites with an epsilon rule (lrp={', '.join(_composites_with('epsilon'))})", ("lrp.composite",),
+    ),
+    ReadOnlyWhen(
+        ("lrp.gamma",), lambda c: c.lrp.composite in _composites_with("gamma"),
+        f"the composites with a gamma rule (lrp={', '.join(_composites_with('gamma'))})", ("lrp.composite",),
+    ),
+    ReadOnlyWhen(
+        ("lrp.low", "lrp.high"), lambda c: c.lrp.composite in _composites_with("zbox"),
+        f"the composites with a zbox rule (lrp={', '.join(_composites_with('zbox'))})", ("lrp.composite",),
+    ),
+)
+"""Which choices read which keys. A key typed on the command line that this run's choices do
+not read is refused (a sweep's jobs only warn: a sweep crosses keys with choices)."""
+
+
 def validate(cfg) -> None:
-    """Check ranges and choices that types alone cannot express; raise :class:`ConfigError`."""
+    """Check ranges and choices that types alone cannot express; raise :class:`ConfigError`.
+
+    Run by Hydra, the keys typed on the command line are also checked against the choices
+    that read them (:data:`READ_ONLY_WHEN`).
+    """
     _check_known_keys(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
@@ -288,6 +377,51 @@ def validate(cfg) -> None:
             "target=file needs target.path=/path/to/heatmap.npy (or .png), and target.image=/path/to/input.npy "
             "for the input it belongs to."
         )
+    _check_typed_keys_are_read(cfg)
+
+
+def unread_keys(cfg, overrides: list[str]) -> list[str]:
+    """The keys among ``overrides`` (``loss.delta=0.3``) that ``cfg``'s choices do not read, each said in a sentence.
+
+    Example:
+    >>> cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["loss.delta=0.3"]))
+    >>> unread_keys(cfg, ["loss.delta=0.3", "optimizer.lr=0.1"])
+    ["loss.delta=0.3 is read only with loss=huber, and this run has loss.name='mse'"]
+    """
+    typed = {override.split("=", 1)[0].lstrip("+").split("@", 1)[0] for override in overrides if not override.startswith("~")}
+    sentences = []
+    for entry in READ_ONLY_WHEN:
+        for key in entry.keys:
+            if key in typed and not entry.when(cfg):
+                has = " and ".join(f"{on}={_get(cfg, on)!r}" for on in entry.on)
+                sentences.append(f"{key}={_shown(_get(cfg, key))} is read only with {entry.by}, and this run has {has}")
+    return sentences
+
+
+def _check_typed_keys_are_read(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return  # composed without Hydra's job (a test, the benchmark): nothing was typed
+    hydra = HydraConfig.get()
+    unread = unread_keys(cfg, list(hydra.overrides.task))
+    if unread and hydra.mode == RunMode.MULTIRUN:
+        for sentence in unread:  # a sweep crosses keys with choices: its jobs go on as composed
+            log.warning(f"heatinv: {sentence}; this job runs without it.")
+    elif unread:
+        raise ConfigError(
+            f"Config value {unread[0]}: the run would ignore it and train something other than asked. "
+            "Pick the choice that reads it on the same command line, or drop the key."
+            + (f" Also: {'; '.join(unread[1:])}." if unread[1:] else "")
+        )
+
+
+def _shown(value) -> str:
+    """A config value as it is typed on the command line (lists without quotes)."""
+    if hasattr(value, "_content") or isinstance(value, (list, tuple)):
+        return str(OmegaConf.to_container(value) if hasattr(value, "_content") else list(value)).replace("'", "")
+    return str(value)
 
 
 def _check_read(cfg, key: str, read: bool, why_not: str, how: str) -> None:

@@ -144,6 +144,16 @@ def test_command_line_config_error_exits_2_with_the_message_and_no_traceback(tmp
 
 
 @pytest.mark.slow
+def test_command_line_key_of_an_unpicked_choice_exits_2_naming_the_choice(tmp_path):
+    """`target.pattern=frame` without `target=pattern` trained digit7's own heatmap for 300 steps."""
+    done = _cli(tmp_path, "target.pattern=frame")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "target.pattern=frame is read only with target=pattern, and this run has target.kind='class'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob("metrics.json"))
+
+
+@pytest.mark.slow
 def test_command_line_missing_model_file_is_one_message_exit_2_and_no_results(tmp_path):
     missing = "/nonexistent.keras"
     done = _cli(tmp_path, "model=file", f"model.path={missing}")

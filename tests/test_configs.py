@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict, read_write
 
 from heatinv.config import CHOICES, ConfigError, register, validate
 from heatinv.lrp import COMPOSITES
@@ -127,6 +127,83 @@ def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides
     cfg = compose_train(*overrides)
     with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}=.*is not read here.*{fix.replace('.', '[.]')}"):
         validate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "unread", "by", "has"),
+    [
+        (["target.pattern=frame"], "target.pattern=frame", "target=pattern", "target.kind='class'"),
+        (["loss.delta=0.3"], "loss.delta=0.3", "loss=huber", "loss.name='mse'"),
+        (["optimizer.momentum=0.9"], "optimizer.momentum=0.9", "optimizer=sgd", "optimizer.name='adam'"),
+        (["model.filters=[8]"], "model.filters=[8]", "model=cnn", "model.name='mlp'"),
+        (["model=cnn", "model.hidden=[8]"], "model.hidden=[8]", "model=mlp", "model.name='cnn'"),
+        (["model=mobilenetv2", "model.output_activation=softmax"], "model.output_activation=softmax", "model=mlp and model=cnn", "model.name='mobilenetv2'"),
+        (["model.beta=50"], "model.beta=50.0", "model.activation=softplus", "model.activation='relu'"),
+        (["model=file", "model.path=m.keras", "model.reference_epochs=5"], "model.reference_epochs=5", "a reference trained here", "model.name='file'"),
+        (["task.epochs=3"], "task.epochs=3", "task=dataset", "task.kind='single'"),
+        (["task=dataset", "target=pattern", "trainer.steps=50"], "trainer.steps=50", "task=single", "task.kind='dataset'"),
+        (["task=dataset", "target=pattern", "target.label=3"], "target.label=3", "task=single", "task.kind='dataset'"),
+        (["task=dataset", "target=pattern", "task.temperature=2"], "task.temperature=2.0", "task.teacher=kl", "task.teacher='mse'"),
+        (["task=dataset", "target=pattern", "task.min_agreement=0.9"], "task.min_agreement=0.9", "task.early_stopping=true", "task.early_stopping=False"),
+        (["target=swap", "task=dataset", "target.top_k=10"], "target.top_k=10", "target=suppress", "target.kind='swap'"),
+        (["data.test_split=0.3"], "data.test_split=0.3", "data=folder", "data.name='digits'"),
+        (["lrp=epsilon", "lrp.gamma=0.5"], "lrp.gamma=0.5", "lrp=epsilon_gamma_box", "lrp.composite='epsilon'"),
+        (["lrp=zplus", "lrp.epsilon=0.01"], "lrp.epsilon=0.01", "an epsilon rule", "lrp.composite='zplus'"),
+        (["lrp=epsilon_plus", "lrp.low=0"], "lrp.low=0", "a zbox rule", "lrp.composite='epsilon_plus'"),
+    ],
+)
+def test_a_key_the_run_does_not_read_is_refused(compose_train, overrides, unread, by, has):
+    """target.pattern=frame without target=pattern trained digit7's own heatmap, silently."""
+    cfg = compose_train(*overrides)
+    with pytest.raises(ConfigError) as refused:
+        validate(cfg)
+    message = str(refused.value)
+    assert f"{unread} is read only with" in message and by in message and has in message, message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["target=pattern", "target.pattern=frame", "target.scale=2"],
+        ["loss=huber", "loss.delta=0.3"],
+        ["optimizer=sgd", "optimizer.momentum=0.5"],
+        ["model=cnn", "model.filters=[8]", "model.pool=avg", "model.l2=0"],
+        ["model.activation=softplus", "model.beta=50"],
+        ["task=dataset", "target=pattern", "task.epochs=3", "task.teacher=kl", "task.temperature=2"],
+        ["task=dataset", "target=pattern", "task.early_stopping=true", "task.min_agreement=0.9"],
+        ["task=dataset", "target=suppress", "target.top_k=10"],
+        ["data=folder", "data.path=shapes", "data.test_split=0.3", "data.image_size=[16,16]"],
+        ["lrp.gamma=0.5", "lrp.low=0", "lrp.epsilon=0.01", "target.label=3", "target.index=2", "trainer.steps=5"],
+    ],
+)
+def test_keys_with_the_choice_that_reads_them_are_accepted(compose_train, overrides):
+    validate(compose_train(*overrides))
+
+
+def test_a_sweep_job_warns_of_an_unread_key_and_runs(compose_train, caplog):
+    """A sweep crosses keys with choices (optuna samples loss.delta for every loss): its jobs go on."""
+    from hydra.types import RunMode
+
+    cfg = compose_train("loss=l1", "loss.delta=0.3")
+    with read_write(cfg.hydra):
+        cfg.hydra.mode = RunMode.MULTIRUN
+    HydraConfig().set_config(cfg)
+    with caplog.at_level("WARNING", logger="heatinv.config"):
+        validate(cfg)
+    assert "loss.delta=0.3 is read only with loss=huber, and this run has loss.name='l1'; this job runs without it" in caplog.text
+
+
+def test_the_read_only_when_table_names_schema_keys():
+    """A misspelt key in the table would never match what a user types, and guard nothing."""
+    from heatinv.config import READ_ONLY_WHEN, TrainConfig
+
+    schema = OmegaConf.structured(TrainConfig)
+    for entry in READ_ONLY_WHEN:
+        for key in (*entry.keys, *entry.on):
+            section, name = key.split(".")
+            assert name in schema[section], key
+    keys = [key for entry in READ_ONLY_WHEN for key in entry.keys]
+    assert len(keys) == len(set(keys)), "a key in two entries: only the first would be said"
 
 
 def test_lrp_group_matches_registered_composites():
