@@ -38,7 +38,8 @@ from heatinv.models import (
     with_input_shape,
 )
 from heatinv.progress import Progress
-from heatinv.targets import Target, build_target
+from heatinv.maps_io import read_map
+from heatinv.targets import Target, build_target, file_map, pattern_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -142,6 +143,7 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
             "target=swap_features with target.feature=<name> (either task)."
         )
     shape = dataset.input_shape
+    _read_target_files(cfg, dataset)
     entries = int(np.prod(shape[:-1] if dataset.is_image and target.channels == "sum" else shape))
     if target.kind == "suppress" and target.top_k >= entries:
         what = "features" if not dataset.is_image else "pixels" if target.channels == "sum" else "pixel channels"
@@ -177,6 +179,21 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
             f"class {target.label}, but the {dataset.name} data holds {count} held-out examples of that class; pick "
             f"target.index from 0 to {count - 1}, or another target.label."
         )
+
+
+def _read_target_files(cfg, dataset: Dataset) -> None:
+    """Read the target's own files as the target will, so a missing or misfitting one fails before the reference trains."""
+    target, shape = cfg.target, dataset.input_shape
+    map_shape = shape[:-1] + (1,) if dataset.is_image and target.channels == "sum" else shape
+    if target.kind == "file":
+        file_map(target.path, shape, map_shape)
+        if target.image:
+            read_map(target.image, expected_shape=shape, what="target.image")
+    elif target.kind == "pattern" and target.pattern == "file":
+        if cfg.task.kind == "single":
+            pattern_file(target.path, shape)
+        else:
+            read_map(target.path, expected_shape=map_shape, what="target.path")
 
 
 def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:

@@ -18,6 +18,9 @@ from heatinv.maps_io import read_map
 
 PATTERNS = ("square", "cross", "frame")
 
+FIX_ZERO_TARGET = {"pattern": "Give the pattern a non-zero total relevance (e.g. target.scale=1.0)."}
+"""How to fix an all-zero target of each kind (a file's own zeros are refused as it is read)."""
+
 
 @dataclass(frozen=True)
 class Target:
@@ -75,7 +78,32 @@ def file_map(path: str, input_shape: tuple[int, ...], map_shape: tuple[int, ...]
         raw = raw.sum(axis=-1, keepdims=True)  # a per-channel map, compared summed over channels
     elif len(input_shape) == 3 and raw.squeeze().shape == input_shape[:2] and map_shape[-1] > 1:
         raw = np.repeat(raw.reshape(input_shape[:2] + (1,)) / map_shape[-1], map_shape[-1], axis=-1)
+    if not np.any(raw):
+        raise ValueError(
+            f"The target map {path} (target.path) is all zeros: there is nothing to match, and every gradient would be "
+            "zero. Save the heatmap the model should give (e.g. np.save of a [H, W] array), not an empty one."
+        )
     return read_map_array(raw, map_shape, path)
+
+
+def pattern_file(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
+    """A pattern of the user's drawing: the map at ``path`` (``target.path``) as ``[H, W, 1]`` with total relevance 1.
+
+    A colour map (``[H, W, C]``) is summed over its channels, as a drawn pattern is one map.
+
+    Example:
+    >>> pattern_file("ring.png", (28, 28, 1)).sum()  # doctest: +SKIP
+    1.0
+    """
+    heatmap = file_map(path, input_shape, tuple(input_shape[:-1]) + (1,))
+    total = float(heatmap.sum(dtype=np.float64))
+    if total == 0:
+        raise ValueError(
+            f"The pattern {path} (target.path) sums to 0, so it gives the explanation no total to spread: a pattern says "
+            "where the relevance goes, in shares of the whole. Draw it with non-negative values where the relevance "
+            "should be."
+        )
+    return heatmap / np.float32(total)
 
 
 def read_map_array(values: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndarray:
@@ -148,14 +176,15 @@ def build_target(
                 f"target=pattern draws on images; the {dataset.name} data gives feature vectors of shape {shape}. "
                 "Use target=class, or task=dataset with target=suppress_feature or swap_features."
             )
-        heatmap = pattern_map(pattern, shape[0], scale, width=shape[1])
+        heatmap = scale * pattern_file(path, shape) if pattern == "file" else pattern_map(pattern, shape[0], scale, width=shape[1])
         heatmap = np.repeat(heatmap / map_shape[-1], map_shape[-1], axis=-1)[None]
-        source = f"{pattern} pattern for {source_image}"
+        drawn = f"pattern {path}" if pattern == "file" else f"{pattern} pattern"
+        source = f"{drawn} for {source_image}"
     else:
         raise ValueError(f"Unknown target kind {kind!r}; expected class, file, pattern, suppress_feature or swap_features.")
     if not np.any(heatmap):
         raise ValueError(
             f"The target heatmap ({source}) is all zeros: there is nothing to match, and every gradient "
-            "would be zero. Pick another image (target.index) or check the file."
+            f"would be zero. {FIX_ZERO_TARGET.get(kind, 'Pick another image (target.index).')}"
         )
     return Target(x.astype(np.float32), heatmap.astype(np.float32), int(label), source)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import expect, train_command
+from conftest import compose_run, expect, train_command
 from heatinv.config import ConfigError
 from heatinv.lrp import UnsupportedLayerError
 
@@ -27,6 +27,26 @@ def test_missing_target_file(config, tmp_path):
     expect(FileNotFoundError, config("target=file", f"target.path={tmp_path}/nope.npy"),
            f"no file at '{tmp_path}/nope.npy' given as target.path", "set target.path=", "relative paths",
            out=tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["target=file", "target.path={tmp}/nope.npy"], "no file at '{tmp}/nope.npy' given as target.path"),
+        (["target=file", "target.path={tmp}/small.npy"], "(10, 10)"),
+        (["target=file", "target.path={tmp}/map.npy", "target.image={tmp}/nope.npy"], "given as target.image"),
+        (["target=pattern", "target.pattern=file", "target.path={tmp}/nope.npy"], "given as target.path"),
+        (["task=dataset", "target=pattern", "target.pattern=file", "target.path={tmp}/small.npy"], "(10, 10)"),
+    ],
+)
+def test_target_files_are_read_before_the_reference_trains(tmp_path, overrides, fragment):
+    """A missing target file was reported only after the reference model had trained (minutes for a CNN)."""
+    np.save(tmp_path / "small.npy", np.ones((10, 10), "float32"))
+    np.save(tmp_path / "map.npy", np.ones((28, 28), "float32"))
+    cache = tmp_path / "cache"
+    cfg = compose_run(tmp_path / "run", cache, *(o.format(tmp=tmp_path) for o in overrides))
+    expect((FileNotFoundError, ValueError), cfg, fragment.format(tmp=tmp_path), out=tmp_path / "run")
+    assert not cache.exists() or not any(cache.iterdir()), "a reference was trained (and cached) first"
 
 
 def test_missing_model_file(config, tmp_path):
@@ -56,7 +76,7 @@ def test_target_with_non_finite_values(config, tmp_path, bad):
 
 def test_all_zero_target(config, tmp_path):
     np.save(tmp_path / "t.npy", np.zeros((28, 28), "float32"))
-    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.npy"), "all zeros", "target.index")
+    expect(ValueError, config("target=file", f"target.path={tmp_path}/t.npy"), "all zeros", "t.npy (target.path)", "np.save")
 
 
 def test_png_with_the_wrong_size(config, tmp_path):

@@ -96,6 +96,26 @@ def test_pattern_target_uses_the_digits_test_image(dataset):
     assert "frame" in target.source and "#13" in target.source
 
 
+def test_pattern_from_a_file_is_the_drawn_map_with_total_scale(dataset, tmp_path):
+    """target.pattern=file in a single run raised "Unknown pattern 'file'" after the reference had trained."""
+    drawn = np.zeros((28, 28), np.float32)
+    drawn[10:18, 10:18] = 2.0
+    drawn[12:16, 12:16] = 0.0  # a ring
+    np.save(tmp_path / "ring.npy", drawn)
+    target = build_target("pattern", dataset, None, label=3, pattern="file", path=str(tmp_path / "ring.npy"), scale=3.0)
+    np.testing.assert_allclose(target.heatmap[0, ..., 0], drawn / drawn.sum() * 3.0, rtol=1e-6)
+    assert float(target.heatmap.sum()) == pytest.approx(3.0)
+    assert str(tmp_path / "ring.npy") in target.source and "#3" in target.source
+
+
+def test_a_pattern_file_summing_to_zero_is_refused(dataset, tmp_path):
+    drawn = np.zeros((28, 28), np.float32)
+    drawn[0, 0], drawn[1, 1] = 1.0, -1.0
+    np.save(tmp_path / "flat.npy", drawn)
+    with pytest.raises(ValueError, match=r"flat\.npy \(target\.path\) sums to 0"):
+        build_target("pattern", dataset, None, pattern="file", path=str(tmp_path / "flat.npy"))
+
+
 def test_file_target_reads_the_heatmap_and_image(dataset, tmp_path):
     heatmap = np.random.default_rng(1).normal(size=(28, 28)).astype(np.float32)
     image = np.random.default_rng(2).uniform(size=(28, 28, 1)).astype(np.float32)
@@ -124,12 +144,12 @@ def test_digit_target_is_the_explainers_heatmap(dataset):
     assert target.label == 5 and np.any(target.heatmap)
 
 
-@pytest.mark.parametrize("kind", ["file", "pattern"])
-def test_all_zero_heatmap_is_refused(dataset, tmp_path, kind):
+@pytest.mark.parametrize(("kind", "fix"), [("file", "target.path"), ("pattern", "target.scale=1.0")])
+def test_all_zero_heatmap_is_refused(dataset, tmp_path, kind, fix):
     np.save(tmp_path / "zeros.npy", np.zeros((28, 28), np.float32))
     with pytest.raises(ValueError, match="all zeros") as info:
         build_target(kind, dataset, None, path=str(tmp_path / "zeros.npy"), scale=0.0)
-    assert "target.index" in str(info.value)  # says what to change
+    assert fix in str(info.value) and "target.index" not in str(info.value)  # the key to change, not an unrelated one
 
 
 def test_all_zero_reference_heatmap_is_refused(dataset):
