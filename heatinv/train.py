@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import sys
 
 from heatinv.startup import start_tensorflow
@@ -30,7 +31,9 @@ from heatinv.checkpoints import (  # noqa: E402
     RunDirectoryError,
     RunInterrupted,
     check_resumable,
+    checkpoint_numbers,
     guard_run_directory,
+    run_dir_override,
     save_run_config,
 )
 from heatinv.config import ConfigError, flat_config, register, validate  # noqa: E402
@@ -140,6 +143,11 @@ def _hydra_main(cfg: DictConfig) -> float:
     except RunInterrupted as interrupted:
         _error(f"heatinv: {interrupted}")
         sys.exit(128 + interrupted.signum)
+    except KeyboardInterrupt:
+        if _in_sweep():
+            raise  # the whole sweep stops
+        _error(f"heatinv: {_interrupted_outside_the_loop(cfg.paths.output_dir)}")
+        sys.exit(128 + signal.SIGINT)
     except GradientsVanished as stop:
         when = "before the first update" if stop.step == 0 else f"at step {stop.step}"
         _error(f"heatinv: stopped {when}.\n{stop}")
@@ -153,6 +161,20 @@ def _hydra_main(cfg: DictConfig) -> float:
         if _in_sweep():
             raise
         sys.exit(2)
+
+
+def _interrupted_outside_the_loop(out: str) -> str:
+    """What Ctrl-C outside the training loop (loading data, training the reference, writing results) leaves, and what to run."""
+    saved = checkpoint_numbers(os.path.join(out, CHECKPOINTS))
+    if saved:
+        return (
+            f"interrupted (Ctrl-C) outside the training loop; the newest checkpoint, after step {saved[0]}, is kept. "
+            f"Continue from it with the same command plus: {run_dir_override(out)} trainer.resume=true"
+        )
+    return (
+        f"interrupted (Ctrl-C) outside the training loop, with no checkpoint in {out}. Run the command again to "
+        "start over (a reference model that finished training is cached and reused)."
+    )
 
 
 def _error(message: str) -> None:

@@ -234,6 +234,41 @@ def test_resuming_where_no_run_was_is_refused_before_anything_loads(config, tmp_
            "without trainer.resume")
 
 
+@pytest.mark.slow
+def test_ctrl_c_outside_the_loop_is_one_message_and_exit_130(tmp_path):
+    """Ctrl-C while the reference trained printed a KeyboardInterrupt traceback and no way on."""
+    import sys
+
+    # Ctrl-C lands wherever the process is; build_parts (data, reference) is where runs spend their first minutes.
+    child = (
+        "import sys, heatinv.train as t\n"
+        "def interrupted(cfg): raise KeyboardInterrupt\n"
+        "t.build_parts = interrupted\n"
+        "sys.argv = ['heatinv.train', *sys.argv[1:]]\n"
+        "t.main()\n"
+    )
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    done = subprocess.run(
+        [sys.executable, "-c", child, *train_command(run_dir, tmp_path / "cache")[3:]],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 128 + signal.SIGINT, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]
+    assert f"interrupted (Ctrl-C) outside the training loop, with no checkpoint in {run_dir}" in done.stderr
+
+
+def test_ctrl_c_outside_the_loop_names_the_checkpoint_to_continue_from(tmp_path):
+    from heatinv.train import _interrupted_outside_the_loop
+
+    (tmp_path / "checkpoints").mkdir()
+    for step in (20, 40):
+        (tmp_path / "checkpoints" / f"ckpt-{step}.index").write_bytes(b"")
+    message = _interrupted_outside_the_loop(str(tmp_path))
+    assert "after step 40, is kept" in message and f"hydra.run.dir={tmp_path} trainer.resume=true" in message
+
+
 def test_checkpoints_of_an_unfinished_run_are_neither_reused_nor_lost_silently(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt-20.index").write_bytes(b"")
