@@ -100,6 +100,7 @@ class SweepSummary(Callback):
         line = f"heatinv: sweep summary {os.path.join(self._sweep_dir, self.filename)}: {len(summary['jobs'])} jobs"
         if failed:
             line += ", failed: " + "; ".join(f"#{job['num']} ({job['error']})" for job in failed)
+            line += ". A failed job's traceback is in its train.log"
         print(line, flush=True)
 
     # ------------------------------------------------------------------ where the job ran
@@ -107,12 +108,16 @@ class SweepSummary(Callback):
         if job_return.status != JobStatus.FAILED:
             return
         error = job_return._return_value  # the exception; .return_value would raise it
+        # File only: the console has the job's own message (heatinv's stderr line, or Hydra's
+        # report of the exception) and the sweep summary's line; a third copy hides the sweep.
+        file_only = {"file_only": True}
         if isinstance(error, BaseException):
             log.error(
-                "%s%s: %s", FAILED_MARK, type(error).__name__, error, exc_info=(type(error), error, error.__traceback__)
+                "%s%s: %s", FAILED_MARK, type(error).__name__, error, exc_info=(type(error), error, error.__traceback__),
+                extra=file_only,
             )
         else:
-            log.error("%s%s", FAILED_MARK, error)
+            log.error("%s%s", FAILED_MARK, error, extra=file_only)
         for handler in logging.getLogger().handlers:
             handler.flush()
 

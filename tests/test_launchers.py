@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 from conftest import SWEEP_LOSSES
 from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
 from heatinv.config import register
+from heatinv.progress import ConsoleFilter
 
 SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
@@ -404,7 +405,7 @@ def test_summary_metrics_are_the_ones_each_run_logs():
     assert callbacks.FINAL_METRICS == summaries.FINAL_METRICS == FINAL
 
 
-def test_failed_job_is_logged_where_it_ran(tmp_path):
+def test_failed_job_is_logged_where_it_ran(tmp_path, caplog):
     log_path = tmp_path / "train.log"
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
@@ -422,6 +423,8 @@ def test_failed_job_is_logged_where_it_ran(tmp_path):
         handler.close()
     assert failure_from_log(str(log_path)) == "ValueError: target.index=9999 is out of range\nsecond line"
     assert "Traceback" in log_path.read_text()  # the traceback stays in the job's log
+    failures = [record for record in caplog.records if record.getMessage().startswith(FAILED_MARK)]
+    assert len(failures) == 1 and not ConsoleFilter().filter(failures[0]), "the console shows the error once, not the callback's copy"
 
 
 def test_env_defaults_keep_what_the_user_set(monkeypatch):
