@@ -485,10 +485,10 @@ def class_mean(maps: np.ndarray, labels: np.ndarray, label: int, batch_size: int
 def explain_all(
     explainer: LRP, x: np.ndarray, labels: np.ndarray, what: str | None = None, batch_size: int = 256
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Heatmaps (for each image's label) and logits of a whole array, in compiled batches.
+    """Heatmaps (for each example's label) and logits of a whole array, in compiled batches.
 
     Args:
-        what: names the images in a progress report (None: no report).
+        what: names the examples (images, or a table's rows) in a progress report (None: no report).
 
     Returns:
         ``(heatmaps [N, *input_shape], logits [N, classes])``.
@@ -497,7 +497,7 @@ def explain_all(
     >>> maps, logits = explain_all(LRP(model), dataset.x_test, dataset.y_test)  # doctest: +SKIP
     """
     explain = _compiled_explain(explainer, x.shape[1:])
-    progress = Progress(f"explaining {what}", len(x), "images") if what else None
+    progress = Progress(f"explaining {what}", len(x), "images" if x.ndim == 4 else "examples") if what else None
     maps, logits = [], []
     for start in range(0, len(x), batch_size):
         R, z = explain(x[start : start + batch_size], labels[start : start + batch_size].astype(np.int32))

@@ -108,6 +108,16 @@ def test_unknown_dataset_target_is_refused(maps):
         dataset_targets("rotate", *maps)
 
 
+@pytest.mark.parametrize(("shape", "unit"), [((28, 28, 1), "images"), ((30,), "examples")])
+def test_explaining_a_set_counts_images_or_a_tables_examples(rng, caplog, shape, unit):
+    """The fairwashing run's progress said "427/427 images" of a table's rows."""
+    model = build_model(Architecture(hidden=(4,)), num_classes=2, input_shape=shape, seed=0)
+    x = rng.uniform(0, 1, (5, *shape)).astype("float32")
+    caplog.set_level("INFO", logger="heatinv.progress")
+    explain_all(LRP(model, "epsilon"), x, np.zeros(5, "int64"), what="the training set")
+    assert caplog.records and caplog.records[-1].getMessage().endswith(f"5/5 {unit} (100%), 0 s"), caplog.text
+
+
 def test_evaluate_scores_the_given_held_out_images(rng):
     model = build_model(Architecture(hidden=(16, 8)), seed=0)
     x = rng.uniform(0, 1, (20, 28, 28, 1)).astype("float32")
