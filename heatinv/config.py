@@ -14,9 +14,15 @@ from typing import Any, Callable, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from heatinv.data import DATASET_NAMES, TABULAR_NAMES
-from heatinv.lrp import COMPOSITES
-from heatinv.models import APPLICATIONS
+from heatinv.startup import start_tensorflow
+
+# A joblib (loky) worker of a sweep unpickles Hydra's ConfigStore, which holds this module's
+# schema, before it reaches the entry point: here TensorFlow is first imported there.
+start_tensorflow()
+
+from heatinv.data import DATASET_NAMES, TABULAR_NAMES  # noqa: E402
+from heatinv.lrp import COMPOSITES  # noqa: E402
+from heatinv.models import APPLICATIONS  # noqa: E402
 
 
 @dataclass

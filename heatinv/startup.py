@@ -8,7 +8,8 @@ imports TensorFlow and creates its devices with file descriptor 2 pointed at a t
 file, then writes back every captured line that is not one of those known notices, so an
 unexpected message is still shown.
 
-Only the command-line entry points call it, before anything imports TensorFlow. Later, the
+Only the command-line entry points call it, before anything imports TensorFlow, and
+:mod:`heatinv.config`, the first heatinv module a joblib sweep's worker imports. Later, the
 same known notices are dropped around the one call that writes one (:func:`dropping_known_notices`
 around the reference's ``fit``).
 

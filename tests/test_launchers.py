@@ -38,6 +38,7 @@ from conftest import SWEEP_LOSSES
 from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
 from heatinv.config import register
 from heatinv.progress import ConsoleFilter
+from heatinv.startup import KNOWN_NOTICES
 
 SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
@@ -130,6 +131,9 @@ def test_joblib_sweep(joblib_sweep):
     summary = check_jobs(result, sweep_dir, len(SWEEP_LOSSES))
     assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr  # the joblib launcher ran the jobs
     assert [override(job, "loss") for job in summary["jobs"]] == list(SWEEP_LOSSES)
+    # A worker first imports TensorFlow while unpickling the config schema, not through the entry point.
+    notices = [line for line in result.stderr.splitlines() if KNOWN_NOTICES.search(line)]
+    assert not notices, f"the workers printed TensorFlow's start-up notices: {notices[:3]}"
 
 
 @pytest.mark.slow
