@@ -1,8 +1,8 @@
 """Targets for tables: hide one feature's relevance, or hand it to another feature.
 
 ``suppress_feature`` is "fairwashing": the model may still use the feature, but its
-explanation gives it no relevance; the other features keep their shares, rescaled so the
-total relevance (the explained score) is unchanged. ``swap_features`` moves the relevance of
+explanation gives it no relevance; the other features share what it had in proportion to
+their |relevance|, so the total relevance (the explained score) is unchanged. ``swap_features`` moves the relevance of
 ``feature`` onto ``like``: the explanation blames the wrong feature, with the same total.
 """
 
@@ -31,6 +31,13 @@ def feature_index(names, name: str | None, key: str) -> int:
 def move_feature_relevance(maps: np.ndarray, feature: int, like: int | None = None) -> np.ndarray:
     """Target maps ``[N, d]``: feature ``feature`` gets no relevance; ``like`` receives it, else all others share it.
 
+    Shared in proportion to each other feature's |relevance|: where the others agree in sign
+    that is a rescaling (their proportions kept), and where they do not, no feature moves by
+    more than its part of the removed relevance. (Rescaling a mixed-sign row by
+    total / rest instead flips its signs, or magnifies it without bound, where the rest sums
+    to about 0 or to the other sign.) A row whose only relevance was the feature's spreads
+    it evenly.
+
     Args:
         maps: ``[N, d]`` the reference's relevance per feature.
         feature: the feature whose relevance goes.
@@ -42,6 +49,8 @@ def move_feature_relevance(maps: np.ndarray, feature: int, like: int | None = No
     Example:
     >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0).tolist()
     [[0.0, 2.0, 2.0]]
+    >>> move_feature_relevance(np.array([[3.0, -1.0, 0.5]]), 0).tolist()
+    [[0.0, 1.0, 1.5]]
     >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0, like=2).tolist()
     [[0.0, 1.0, 3.0]]
     """
@@ -51,10 +60,14 @@ def move_feature_relevance(maps: np.ndarray, feature: int, like: int | None = No
     if like is not None:
         targets[:, like] += maps[:, feature]
         return targets.astype(np.float32)
-    kept = targets.sum(axis=1, keepdims=True)
-    total = maps.sum(axis=1, keepdims=True)
-    scale = np.divide(total, kept, out=np.ones_like(kept), where=kept != 0)
-    return (targets * scale).astype(np.float32)
+    if maps.shape[1] < 2:
+        raise ValueError("suppress_feature needs a table of at least two features: the removed relevance goes to the others.")
+    weights = np.abs(targets)
+    mass = weights.sum(axis=1, keepdims=True)
+    even = np.full_like(weights, 1.0 / (maps.shape[1] - 1))
+    even[:, feature] = 0.0
+    weights = np.divide(weights, mass, out=even, where=mass > 0)
+    return (targets + maps[:, feature : feature + 1] * weights).astype(np.float32)
 
 
 def feature_share(maps: np.ndarray, feature: int) -> float:

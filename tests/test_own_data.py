@@ -135,6 +135,23 @@ def test_feature_targets_by_hand():
     assert feature_share(maps, 1) == pytest.approx(0.7 / 1.6)
 
 
+def test_suppressed_relevance_is_shared_by_magnitude_and_keeps_the_total(rng):
+    """Rescaling by total / rest made fairwashing targets of a few training rows 78 times the
+    reference's map with every sign flipped (the rest summed to about 0, or to the other sign)."""
+    maps = rng.normal(size=(200, 6))
+    maps[:50] = np.abs(maps[:50]) * np.sign(rng.normal(size=(50, 1)))  # rows whose features agree in sign
+    maps[50, 1:] = [1.0, -1.0 + 1e-9, 0.2, -0.2, 0.0]  # the rest sums to about 0
+    targets = move_feature_relevance(maps, 0).astype(np.float64)
+    assert np.all(targets[:, 0] == 0)
+    np.testing.assert_allclose(targets.sum(1), maps.sum(1), rtol=1e-5, atol=1e-6)
+    # Each row's other features move, all together, by exactly the removed |relevance|.
+    np.testing.assert_allclose(np.abs(targets[:, 1:] - maps[:, 1:]).sum(1), np.abs(maps[:, 0]), rtol=1e-5, atol=1e-6)
+    # Where the others agree in sign it is the rescaling that keeps their proportions.
+    rest = maps[:50, 1:].sum(1, keepdims=True)
+    np.testing.assert_allclose(targets[:50, 1:], maps[:50, 1:] * maps[:50].sum(1, keepdims=True) / rest, rtol=1e-5)
+    np.testing.assert_allclose(move_feature_relevance(np.array([[2.0, 0.0, 0.0]]), 0), [[0.0, 1.0, 1.0]])  # all on it: spread evenly
+
+
 def test_pattern_at_the_datas_height_and_width():
     frame = pattern_map("frame", 32, width=48)[..., 0]
     assert frame.shape == (32, 48) and frame.sum() == pytest.approx(1.0)
