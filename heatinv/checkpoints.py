@@ -31,6 +31,8 @@ from heatinv.config import flat_config
 
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
 CHECKPOINTS = "checkpoints"
+RUN_WRITES = RESULT_FILES + ("heatmaps.svg", "doctor.json", "tensorboard", CHECKPOINTS)
+"""Everything a run writes into its directory but Hydra's ``.hydra/`` and ``train.log``."""
 
 
 class RunDirectoryError(ValueError):
@@ -95,8 +97,9 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
     """Refuse to start over a finished or an interrupted run unless asked to resume or overwrite,
     and to resume where there is no checkpoint.
 
-    ``overwrite`` (without ``resume``) starts over: the old checkpoints are removed, so a later
-    resume can never pick one of them up.
+    ``overwrite`` (without ``resume``) starts over: what the old run wrote (:data:`RUN_WRITES`)
+    is removed, so a later resume can never pick up one of its checkpoints, and TensorBoard
+    never shows its curves or HParams row beside the new run's.
     """
     found = [name for name in RESULT_FILES if os.path.exists(os.path.join(out, name))]
     if found and not (resume or overwrite):
@@ -119,8 +122,13 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
             "it with trainer.resume=true, start over with trainer.overwrite=true, or choose another directory with "
             "hydra.run.dir=..."
         )
-    if overwrite and not resume and os.path.isdir(folder):
-        shutil.rmtree(folder)
+    if overwrite and not resume:
+        for name in RUN_WRITES:
+            path = os.path.join(out, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
 
 
 def checkpoint_numbers(folder: str) -> list[int]:

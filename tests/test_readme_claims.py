@@ -246,9 +246,13 @@ def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):
     again = lambda *extra: compose_run(out, cfg.paths.cache_dir, *SMALL_RUN, "trainer.steps=3", *extra)  # noqa: E731
     with pytest.raises(RunDirectoryError, match="already holds results"):
         run(again())
+    old_events = sorted((out / "tensorboard").glob("events.out.tfevents*"))
     metrics = run(again("trainer.overwrite=true"))
     assert metrics["steps"] == 3 and read_metrics(out)["steps"] == 3
     assert sorted(p.name for p in (out / "checkpoints").glob("ckpt-*.index")) == ["ckpt-3.index"]
+    # The old run's events went too: TensorBoard showed its curves and HParams row beside the new run's.
+    events = sorted((out / "tensorboard").glob("events.out.tfevents*"))
+    assert len(old_events) == 1 and len(events) == 1 and events != old_events
 
 
 # --------------------------------------------------------------------------- data=mnist
