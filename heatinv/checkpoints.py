@@ -104,9 +104,9 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
     found = [name for name in RESULT_FILES if os.path.exists(os.path.join(out, name))]
     if found and not (resume or overwrite):
         raise RunDirectoryError(
-            f"Run directory {out} already holds results ({', '.join(found)}). Nothing was changed. Continue it "
-            "with trainer.resume=true, replace its results with trainer.overwrite=true, or choose another "
-            "directory with hydra.run.dir=..."
+            f"Run directory {out} already holds results ({', '.join(found)}). Nothing was changed. Extend it "
+            "with trainer.resume=true and a larger trainer.steps (task.epochs for task=dataset), replace its results "
+            "with trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
     folder = os.path.join(out, CHECKPOINTS)
     saved = checkpoint_numbers(folder)
@@ -248,6 +248,40 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.overwrite",
 )
 RUN_CONFIG = "config.yaml"
+
+
+def check_resume_step(out: str, completed: int, setting: str, value: int, steps_each: int = 1) -> None:
+    """A resume goes on from the checkpoint after step ``completed`` to the step ``setting=value`` gives.
+
+    Refused where that would go back (the results would claim fewer steps than the model
+    was trained, and TensorBoard would drop the curves between them), and where the run is
+    finished with its results written (a resume would only write them again, with its own
+    timings of no steps in place of the run's).
+
+    Args:
+        setting: the key that sets the run's length: ``trainer.steps`` or ``task.epochs``.
+        value: its value in this config.
+        steps_each: steps per unit of ``setting`` (an epoch's batches).
+
+    Example:
+    >>> check_resume_step("outputs/digit3", 3550, "trainer.steps", 300)  # doctest: +SKIP
+    ResumeError: trainer.resume=true: the newest checkpoint in outputs/digit3 is after step 3550, past ...
+    """
+    total = value * steps_each
+    asked = f"{setting}={value}" + (f" ({steps_each} steps each)" if steps_each > 1 else "")
+    if completed > total:
+        raise ResumeError(
+            f"trainer.resume=true: the newest checkpoint in {out} is after step {completed}, past the {total} steps "
+            f"that {asked} asks for; a resumed run goes on from its checkpoint, never back. Nothing was changed. "
+            f"Resume with the run's own {setting} (checkpoints/{RUN_CONFIG}), or with "
+            f"{setting}={-(-completed // steps_each)} or more."
+        )
+    if completed == total and os.path.exists(os.path.join(out, "metrics.json")):
+        raise RunDirectoryError(
+            f"Run directory {out} holds a finished run: its newest checkpoint is after step {completed} of the {total} "
+            f"that {asked} asks for, and its results are written. Nothing was changed. To extend it, resume with "
+            f"{setting}={value + 1} or more; to start over, use trainer.overwrite=true."
+        )
 
 
 def save_run_config(out: str, cfg) -> None:

@@ -31,6 +31,7 @@ from heatinv.checkpoints import (  # noqa: E402
     RunDirectoryError,
     RunInterrupted,
     check_resumable,
+    check_resume_step,
     checkpoint_numbers,
     guard_run_directory,
     run_dir_override,
@@ -93,6 +94,10 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
     start = 0
     if trainer.resume:
         start = checkpointer.restore()
+        if cfg.task.kind == "dataset":
+            check_resume_step(out, start, "task.epochs", cfg.task.epochs, task.steps_per_epoch)
+        else:
+            check_resume_step(out, start, "trainer.steps", trainer.steps)
         log.info(f"heatinv: resuming {out} after step {start} of {task.total}")
         if changed:
             log.info(f"heatinv: resuming with changed settings: {'; '.join(changed)}")

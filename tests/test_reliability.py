@@ -280,6 +280,43 @@ def test_checkpoints_of_an_unfinished_run_are_neither_reused_nor_lost_silently(t
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_cache):
+    """Resuming a run checkpointed at step 3550 with the default trainer.steps=300 wrote metrics of
+    "300 steps" for the model of step 3550, and TensorBoard dropped the curves in between; resuming a
+    finished run replaced its timings with those of no steps."""
+    import heatinv.train as train
+
+    settings = ("trainer.checkpoint_every=4", "trainer.steps_per_execution=2")
+    cfg, out = composed("trainer.steps=8", *settings)
+    train.run(cfg)
+    written = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    events = sorted(p.name for p in (out / "tensorboard").iterdir())
+    again = lambda *extra: compose_run(out, reference_cache, "trainer.resume=true", *settings, *extra)  # noqa: E731
+    expect(ResumeError, again("trainer.steps=4"), "after step 8, past the 4 steps that trainer.steps=4 asks for",
+           "checkpoints/config.yaml", "trainer.steps=8 or more")
+    expect(RunDirectoryError, again("trainer.steps=8"), "holds a finished run", "step 8 of the 8", "trainer.steps=9 or more",
+           "trainer.overwrite=true")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"} == {
+        name: data for name, data in written.items() if name != "train.log"
+    }, "nothing was changed"
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == events
+    # A run whose loop ended but whose results were never written (Ctrl-C while writing them) finishes them.
+    (out / "metrics.json").unlink()
+    assert train.run(again("trainer.steps=8"))["steps"] == 8
+    assert train.run(again("trainer.steps=10"))["steps"] == 10  # extending goes on
+
+
+def test_a_dataset_resume_names_the_epochs(composed, reference_cache):
+    import heatinv.train as train
+
+    settings = ("experiment=pattern_frame_mlp", "task.early_stopping=false", "trainer.checkpoint_every=1")
+    cfg, out = composed(*settings, "task.epochs=2")
+    steps = train.run(cfg)["steps"]
+    message = expect(RunDirectoryError, compose_run(out, reference_cache, "trainer.resume=true", *settings, "task.epochs=2"),
+                     f"step {steps} of the {steps} that task.epochs=2 ({steps // 2} steps each) asks for", "task.epochs=3 or more")
+    assert "trainer.steps" not in message
+
+
 def test_nonfinite_steps_do_not_update_and_stop_the_run(composed, monkeypatch):
     """A NaN loss skips the update; max_nonfinite such steps in a row stop the run with a diagnosis."""
     import keras
