@@ -68,10 +68,10 @@ class SingleTask:
         self.state: dict = {}
         self.initial = self.explainer(self.x, self.label).numpy()  # before any resume: the run's own start
         self.findings = self.diagnose()
-        if self.findings:
-            log.warning(format_report(self.findings, "before the first update"))
         self.total = cfg.trainer.steps
         self.stopped_before_start = any(finding.code in NOTHING_TO_LEARN for finding in self.findings)
+        if self.findings and not self.stopped_before_start:  # a stopped run's report is its error message
+            log.warning(format_report(self.findings, "before the first update"))
         if self.stopped_before_start:
             # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
             # blow up into full-size steps: stop before the first update instead.

@@ -40,6 +40,8 @@ def test_a_doctor_stop_exits_3_with_the_diagnosis_and_no_traceback(tmp_path, ref
     assert "heatinv: stopped before the first update." in done.stderr
     assert "dead-output" in done.stderr and "lrp.output=logit" in done.stderr  # the finding and its fix
     assert "Traceback" not in done.stderr
+    console = done.stdout + done.stderr
+    assert console.count("1. dead-output [") == 1, "the doctor's report was printed twice"
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["stopped_at_step"] == 0 and metrics["diagnosis"][0]["code"] == "dead-output"
     # README: train.log holds everything the console showed, the lines of building the run's parts too
