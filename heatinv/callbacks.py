@@ -3,9 +3,9 @@
 :class:`SweepSummary` (configured in ``configs/hydra/default.yaml``) runs with every launcher
 and sweeper. When a sweep ends, it writes into the sweep directory
 
-- ``sweep_summary.json``: each job's number, directory, overrides, status (``ok`` or
-  ``failed``, with the error) and metrics, which jobs failed and the best job by
-  ``objective``;
+- ``sweep_summary.json``: each job's number, directory, overrides, status (``ok``,
+  ``failed`` with the error, or ``interrupted`` with its checkpoint's step) and metrics,
+  which jobs did not finish (``failed``) and the best job by ``objective``;
 - the HParams experiment (``hp.hparams_config``), in each job's run: the swept config keys
   and the final metrics ``final/<metric>``, so ``tensorboard --logdir <sweep dir>`` shows one
   run and one row per job with its values and metrics, and no column for every gradient norm.
@@ -25,11 +25,14 @@ Ray writes no token into the home directory; variables already set are left alon
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import json
 import logging
 import math
 import os
+import re
+import shlex
 import time
 from typing import Any, Optional
 
@@ -43,6 +46,8 @@ from heatinv.final_metrics import FINAL_METRICS
 log = logging.getLogger(__name__)
 
 FAILED_MARK = "heatinv job failed: "
+DONE_MARK = "heatinv: results in "
+"""A run's last log line when its results are written (or kept): a failure logged before it is an earlier attempt's."""
 SUMMARY_NAME = "sweep_summary.json"
 HPARAMS_EVENTS_SUFFIX = ".heatinv-sweep"
 
@@ -89,6 +94,13 @@ class SweepSummary(Callback):
         if self._sweep_dir is None:
             return
         self._written = True
+        if not job_dirs(self._sweep_dir):  # Hydra refused the command before any job: no sweep to sum up
+            if set(os.listdir(self._sweep_dir)) <= {"multirun.yaml"}:  # nothing but what this command wrote
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self._sweep_dir, "multirun.yaml"))
+                with contextlib.suppress(OSError):
+                    os.rmdir(self._sweep_dir)
+            return
         try:
             summary = summarize(self._sweep_dir, finished)
             write_json(os.path.join(self._sweep_dir, self.filename), summary)
@@ -96,12 +108,15 @@ class SweepSummary(Callback):
         except Exception:  # a summary must never hide the sweep's own result or error
             log.exception("heatinv: could not write the sweep summary in %s", self._sweep_dir)
             return
-        failed = [job for job in summary["jobs"] if job["status"] != "ok"]
         line = f"heatinv: sweep summary {os.path.join(self._sweep_dir, self.filename)}: {len(summary['jobs'])} jobs"
-        if failed:
-            line += ", failed: " + "; ".join(f"#{job['num']} ({job['error']})" for job in failed)
+        for status in ("interrupted", "failed"):
+            jobs = [job for job in summary["jobs"] if job["status"] == status]
+            if jobs:
+                line += f", {status}: " + "; ".join(f"#{job['num']} ({job['error']})" for job in jobs)
+        if any(job["status"] == "failed" for job in summary["jobs"]):
             line += ". A failed job's traceback is in its train.log"
         print(line, flush=True)
+        print(f"heatinv: look at the sweep with  tensorboard --logdir {shlex.quote(self._sweep_dir)}", flush=True)
 
     # ------------------------------------------------------------------ where the job ran
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -151,7 +166,11 @@ def _job_name(job_dir: str) -> str:
 
 
 def failure_from_log(log_path: str) -> Optional[str]:
-    """The ``heatinv job failed:`` message in a job's log (without the traceback), if any."""
+    """The ``heatinv job failed:`` message of a job's latest attempt in its log (without the traceback), if any.
+
+    A sweep run again in its folder (``trainer.resume=true``) appends to its jobs' logs: a
+    failure followed by a :data:`DONE_MARK` line was an attempt that a later one finished.
+    """
     if not os.path.isfile(log_path):
         return None
     with open(log_path, errors="replace") as f:
@@ -165,7 +184,16 @@ def failure_from_log(log_path: str) -> Optional[str]:
                     break
                 parts.append(more)
             message = "\n".join(parts).strip()
+        elif DONE_MARK in line:
+            message = None
     return message
+
+
+def _newest_checkpoint(job_dir: str) -> Optional[int]:
+    """The step of a job's newest checkpoint (``checkpoints/ckpt-<n>.index``), None without one."""
+    steps = [int(m.group(1)) for path in glob.glob(os.path.join(job_dir, "checkpoints", "ckpt-*.index"))
+             if (m := re.fullmatch(r"ckpt-(\d+)\.index", os.path.basename(path)))]
+    return max(steps, default=None)
 
 
 def _is_log_record(line: str) -> bool:
@@ -190,16 +218,22 @@ def read_job(job_dir: str, sweep_dir: str) -> dict:
             metrics = None
     log_path = os.path.join(job_dir, f"{_job_name(job_dir)}.log")
     error = failure_from_log(log_path)
+    status = "ok" if error is None else "failed"
     if error is None and metrics is None:
+        saved = _newest_checkpoint(job_dir)
+        status = "interrupted" if saved is not None else "failed"
         error = (
-            f"no metrics.json, and no error in {os.path.relpath(log_path, sweep_dir)}: the job exited or was "
+            f"stopped after step {saved} (checkpoint ckpt-{saved}): resume the sweep with the same command plus "
+            f"hydra.sweep.dir={sweep_dir} trainer.resume=true"
+            if saved is not None
+            else f"no metrics.json, and no error in {os.path.relpath(log_path, sweep_dir)}: the job exited or was "
             "killed before Hydra could record a failure (see the launcher's output)"
         )
     return {
         "num": _job_num(job_dir),
         "dir": os.path.relpath(job_dir, sweep_dir),
         "overrides": overrides,
-        "status": "ok" if error is None else "failed",
+        "status": status,
         "error": error,
         "metrics": metrics,
     }

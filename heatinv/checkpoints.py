@@ -13,6 +13,7 @@ different model, data, target or objective is refused.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shlex
@@ -39,8 +40,8 @@ class RunDirectoryError(ValueError):
     """The run directory holds results that this run would overwrite."""
 
 
-def run_dir_override(out: str) -> str:
-    """``hydra.run.dir=<out>`` as one shell word that Hydra reads back as ``out``.
+def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
+    """``key=<out>`` (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``) as one shell word that Hydra reads back as ``out``.
 
     A run folder named after its overrides (``23-37-04_loss=l1,optimizer.lr=0.1``) holds
     ``=`` and ``,``, which Hydra's override grammar reads as syntax unless the value is quoted.
@@ -50,10 +51,10 @@ def run_dir_override(out: str) -> str:
     ('hydra.run.dir=outputs/d/23-37-04', '"hydra.run.dir=\'outputs/d/23-37-04_loss=l1\'"')
     """
     if re.fullmatch(r"[\w./:@+~-]+", out):
-        return f"hydra.run.dir={out}"
+        return f"{key}={out}"
     # In Hydra's quoted strings a backslash escapes only a quote or the backslashes before one.
     escaped = re.sub(r"(\\*)('|$)", lambda m: 2 * m.group(1) + ("\\'" if m.group(2) else ""), out)
-    quoted = f"hydra.run.dir='{escaped}'"
+    quoted = f"{key}='{escaped}'"
     return f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)
 
 
@@ -62,10 +63,22 @@ class RunInterrupted(Exception):
 
     def __init__(self, out: str, completed: int, checkpoint: str, signum: int):
         self.out, self.completed, self.checkpoint, self.signum = out, completed, checkpoint, signum
-        super().__init__(
-            f"{signal.Signals(signum).name} received: stopped after step {completed} and saved checkpoint "
-            f"{checkpoint}. Resume with the same command plus: {run_dir_override(out)} trainer.resume=true"
+        super().__init__(self.resume_with(run_dir_override(out)))
+
+    def resume_with(self, where: str) -> str:
+        """The message, with ``where`` (``hydra.run.dir=...``, or a sweep's ``hydra.sweep.dir=...``) in its command."""
+        return (
+            f"{signal.Signals(self.signum).name} received: stopped after step {self.completed} and saved checkpoint "
+            f"{self.checkpoint}. Resume with the same command plus: {where} trainer.resume=true"
         )
+
+
+class RunFinished(RunDirectoryError):
+    """``trainer.resume=true`` on a run that is finished: its checkpoint is at the last step, its results written."""
+
+    def __init__(self, message: str, out: str):
+        self.out = out
+        super().__init__(message)
 
 
 class StopRequests:
@@ -277,10 +290,11 @@ def check_resume_step(out: str, completed: int, setting: str, value: int, steps_
             f"{setting}={-(-completed // steps_each)} or more."
         )
     if completed == total and os.path.exists(os.path.join(out, "metrics.json")):
-        raise RunDirectoryError(
+        raise RunFinished(
             f"Run directory {out} holds a finished run: its newest checkpoint is after step {completed} of the {total} "
             f"that {asked} asks for, and its results are written. Nothing was changed. To extend it, resume with "
-            f"{setting}={value + 1} or more; to start over, use trainer.overwrite=true."
+            f"{setting}={value + 1} or more; to start over, use trainer.overwrite=true.",
+            out,
         )
 
 
@@ -320,5 +334,21 @@ def check_resumable(out: str, cfg) -> list[str]:
             f"made with ({'; '.join(refused)}). Resume with the run's own values (see {path}), or start over with "
             "trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
+    length = "task.epochs" if new.get("task.kind") == "dataset" else "trainer.steps"
+    finished = _finished_at(out)
+    if finished and length not in changed:  # said before anything loads (a resumed sweep's finished jobs)
+        check_resume_step(out, finished, length, new[length], finished // new[length])
     # trainer.resume and trainer.overwrite say how this start treats the folder, not how the run trains
     return [described[key] for key in changed if key not in ("trainer.resume", "trainer.overwrite")]
+
+
+def _finished_at(out: str) -> int | None:
+    """The last step of a run that finished (its results written, its newest checkpoint of that step), else None."""
+    try:
+        with open(os.path.join(out, "metrics.json")) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return None
+    saved = checkpoint_numbers(os.path.join(out, CHECKPOINTS))
+    steps = metrics.get("steps")
+    return steps if saved and metrics.get("stopped_at_step") is None and steps == saved[0] else None

@@ -10,6 +10,7 @@ Hydra entry point. The task returns ``1 - cosine`` so a sweeper can minimize it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -24,11 +25,14 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from heatinv.build import Parts, build_parts  # noqa: E402
+from heatinv.callbacks import DONE_MARK  # noqa: E402
 from heatinv.checkpoints import (  # noqa: E402
     CHECKPOINTS,
     RUN_CONFIG,
     Checkpointer,
+    RESULT_FILES,
     RunDirectoryError,
+    RunFinished,
     RunInterrupted,
     check_resumable,
     check_resume_step,
@@ -68,6 +72,10 @@ def run(cfg) -> dict:
     validate(cfg)
     out = cfg.paths.output_dir
     os.makedirs(out, exist_ok=True)
+    if cfg.trainer.resume and _in_sweep() and not _started(out):
+        # Resuming a sweep finishes it: its jobs that never started start now.
+        log.info(f"heatinv: trainer.resume=true: {out} holds no checkpoint or result of this job; it starts from step 0")
+        cfg.trainer.resume = False
     guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     changed = check_resumable(out, cfg) if cfg.trainer.resume else []
     if not cfg.trainer.resume:
@@ -129,9 +137,25 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
         f"(the step {metrics['seconds']:.1f} s, {logged} {metrics['summaries_seconds']:.1f} s, "
         f"checkpoints {metrics['checkpoints_seconds']:.1f} s, compiling {metrics['first_call_seconds'] or 0.0:.1f} s)"
     )
-    log.info(f"heatinv: results in {out} (heatmaps.png, metrics.json, student.keras)")
+    log.info(f"{DONE_MARK}{out} (heatmaps.png, metrics.json, student.keras)")
     log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")
     return metrics
+
+
+def _started(out: str) -> bool:
+    """Whether a run left a checkpoint or a result in ``out``."""
+    return bool(checkpoint_numbers(os.path.join(out, CHECKPOINTS))) or any(
+        os.path.exists(os.path.join(out, name)) for name in RESULT_FILES
+    )
+
+
+def _kept(finished: RunFinished) -> float:
+    """A resumed sweep's finished job: its results stay as they are, its objective is read back for the sweeper."""
+    with open(os.path.join(finished.out, "metrics.json")) as f:
+        objective = json.load(f)["objective"]
+    log.info(f"heatinv: {finished.out} had finished; its results are kept (objective {objective:.6g})")
+    log.info(f"{DONE_MARK}{finished.out} (kept)")
+    return objective
 
 
 def _command_line_overrides() -> list[str]:
@@ -145,8 +169,19 @@ def _command_line_overrides() -> list[str]:
 def _hydra_main(cfg: DictConfig) -> float:
     try:
         return run(cfg)["objective"]
+    except RunFinished as finished:
+        if not _in_sweep():
+            _error(f"heatinv: {finished}")
+            sys.exit(2)
+        return _kept(finished)
     except RunInterrupted as interrupted:
-        _error(f"heatinv: {interrupted}")
+        if _in_sweep():
+            from hydra.core.hydra_config import HydraConfig
+
+            sweep = run_dir_override(os.path.abspath(HydraConfig.get().sweep.dir), "hydra.sweep.dir")
+            _error(f"heatinv: {interrupted.resume_with(sweep)} (finished jobs are kept, unstarted ones start)")
+        else:
+            _error(f"heatinv: {interrupted}")
         sys.exit(128 + interrupted.signum)
     except KeyboardInterrupt:
         if _in_sweep():

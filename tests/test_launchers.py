@@ -35,7 +35,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from conftest import SWEEP_LOSSES
-from heatinv.callbacks import FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
+from heatinv.callbacks import DONE_MARK, FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
 from heatinv.config import register
 from heatinv.progress import ConsoleFilter
 from heatinv.startup import KNOWN_NOTICES
@@ -429,6 +429,28 @@ def test_failed_job_is_logged_where_it_ran(tmp_path, caplog):
     assert "Traceback" in log_path.read_text()  # the traceback stays in the job's log
     failures = [record for record in caplog.records if record.getMessage().startswith(FAILED_MARK)]
     assert len(failures) == 1 and not ConsoleFilter().filter(failures[0]), "the console shows the error once, not the callback's copy"
+
+
+def test_a_failure_that_a_later_attempt_finished_is_not_the_jobs(tmp_path):
+    """A resumed sweep appends to its jobs' logs: an old failure must not mark a job that then finished."""
+    log_path = tmp_path / "train.log"
+    failed = f"[2026-01-01 00:00:00,000][heatinv.callbacks][ERROR] - {FAILED_MARK}ResumeError: no checkpoint\n"
+    done = f"[2026-01-01 00:01:00,000][heatinv.train][INFO] - {DONE_MARK}{tmp_path} (kept)\n"
+    log_path.write_text(failed + done)
+    assert failure_from_log(str(log_path)) is None
+    log_path.write_text(done + failed)
+    assert failure_from_log(str(log_path)) == "ResumeError: no checkpoint"
+
+
+@pytest.mark.slow
+def test_a_sweep_hydra_refuses_leaves_no_folder_and_no_summary(tmp_path):
+    """`-m loss=l1,hubr` left a sweep folder holding only multirun.yaml, and printed a summary of 0 jobs."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    done = subprocess.run([sys.executable, "-m", "heatinv.train", "-m", "loss=l1,hubr", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "hubr" in done.stderr
+    assert "sweep summary" not in done.stdout and not (tmp_path / "sweep").exists()
 
 
 def test_env_defaults_keep_what_the_user_set(monkeypatch):

@@ -15,13 +15,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conftest import compose_run, expect, train_command
+from conftest import SMOKE, compose_run, expect, train_command
 from heatinv.checkpoints import ResumeError, RunDirectoryError, guard_run_directory
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 
@@ -237,8 +238,6 @@ def test_resuming_where_no_run_was_is_refused_before_anything_loads(config, tmp_
 @pytest.mark.slow
 def test_ctrl_c_outside_the_loop_is_one_message_and_exit_130(tmp_path):
     """Ctrl-C while the reference trained printed a KeyboardInterrupt traceback and no way on."""
-    import sys
-
     # Ctrl-C lands wherever the process is; build_parts (data, reference) is where runs spend their first minutes.
     child = (
         "import sys, heatinv.train as t\n"
@@ -304,6 +303,45 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
     (out / "metrics.json").unlink()
     assert train.run(again("trainer.steps=8"))["steps"] == 8
     assert train.run(again("trainer.steps=10"))["steps"] == 10  # extending goes on
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_is_finished_by_resuming_it(tmp_path, reference_cache):
+    """The SIGTERM hint of a sweep's job named hydra.run.dir, which a sweep ignores; resuming with
+    hydra.sweep.dir failed the jobs that had not started ("holds no checkpoint")."""
+    sweep = tmp_path / "sweep"
+
+    def sweep_run(*extra: str, signal_at: str | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env.pop("HYDRA_FULL_ERROR", None)
+        env.pop(TEST_SIGNAL_VARIABLE, None)
+        if signal_at:
+            env[TEST_SIGNAL_VARIABLE] = signal_at
+        command = [sys.executable, "-m", "heatinv.train", "-m", SMOKE, f"paths.cache_dir={reference_cache}", "loss=l1,mse",
+                   "trainer.steps=20", "trainer.checkpoint_every=5", "trainer.steps_per_execution=5", f"hydra.sweep.dir={sweep}", *extra]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=FIRST_RUN_LIMIT)
+
+    def summary() -> dict:
+        return json.loads((sweep / "sweep_summary.json").read_text())
+
+    stopped = sweep_run(signal_at="10:SIGTERM")  # the basic launcher: job 0 stops, job 1 never starts
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert f"plus: hydra.sweep.dir={sweep} trainer.resume=true" in stopped.stderr
+    assert [job["status"] for job in summary()["jobs"]] == ["interrupted"]
+    assert "stopped after step 10 (checkpoint ckpt-10)" in summary()["jobs"][0]["error"]
+
+    resumed = sweep_run(f"hydra.sweep.dir={sweep}", "trainer.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "holds no checkpoint or result of this job; it starts from step 0" in resumed.stdout
+    jobs = summary()["jobs"]
+    assert [job["status"] for job in jobs] == ["ok", "ok"] and all(job["metrics"]["steps"] == 20 for job in jobs)
+    written = {job["dir"]: (sweep / job["dir"] / "metrics.json").read_bytes() for job in jobs}
+
+    again = sweep_run("trainer.resume=true")  # everything finished: kept as it is
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("had finished; its results are kept") == 2
+    assert {job["dir"]: (sweep / job["dir"] / "metrics.json").read_bytes() for job in jobs} == written
+    assert summary()["ok"] == 2 and summary()["best"] is not None
 
 
 def test_a_dataset_resume_names_the_epochs(composed, reference_cache):

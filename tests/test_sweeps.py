@@ -49,6 +49,7 @@ def test_basic_launcher_sweep(basic_sweep):
     result, sweep_dir = basic_sweep
     metrics = check_sweep(result, sweep_dir)
     assert result.stdout.count("heatinv: cosine") == len(metrics)  # one summary line per job
+    assert f"heatinv: look at the sweep with  tensorboard --logdir {sweep_dir}" in result.stdout
     # The jobs shared one reference: trained by the first, loaded from the cache by the others.
     assert len(os.listdir(os.path.join(os.path.dirname(sweep_dir), "cache"))) == 1
     # Nothing lands in the working directory besides what the command named.
