@@ -303,6 +303,17 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
     (out / "metrics.json").unlink()
     assert train.run(again("trainer.steps=8"))["steps"] == 8
     assert train.run(again("trainer.steps=10"))["steps"] == 10  # extending goes on
+    # TensorBoard keeps a run's first HParams row (trainer.steps=8); final/steps, written last, says 10.
+    import tensorflow as tf
+
+    final_steps = [
+        float(tf.make_ndarray(value.tensor))
+        for path in sorted((out / "tensorboard").glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+        for value in event.summary.value
+        if value.tag == "final/steps"
+    ]
+    assert final_steps[-1] == 10
 
 
 @pytest.mark.slow

@@ -215,7 +215,7 @@ def test_tensorboard_hparams_row_holds_compared_keys_and_final_metrics(default_r
     assert set(hparams) == keys
     assert hparams["loss.name"].string_value == "mse" and hparams["trainer.steps"].number_value == 4
     assert start.group_name == os.path.basename(out)
-    measured = ("objective", "loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy")
+    measured = ("objective", "loss", "cosine", "ssim", "pearson", "spearman", "student_accuracy", "steps")
     assert {tag for tag in accumulator.Tags()["tensors"] if tag.startswith("final/")} == {f"final/{name}" for name in measured}
     for name in measured:
         ((_, value),) = scalar_series(accumulator, f"final/{name}")
