@@ -5,7 +5,8 @@ and sweeper. When a sweep ends, it writes into the sweep directory
 
 - ``sweep_summary.json``: each job's number, directory, overrides, status (``ok``,
   ``failed`` with the error, or ``interrupted`` with its checkpoint's step) and metrics,
-  which jobs did not finish (``failed``) and the best job by ``objective``;
+  which jobs did not finish (``failed``), the swept keys no job read (``read_by_no_job``: the
+  jobs that differ only in them ran the same) and the best job by ``objective``;
 - the HParams experiment (``hp.hparams_config``), in each job's run: the swept config keys
   and the final metrics ``final/<metric>``, so ``tensorboard --logdir <sweep dir>`` shows one
   run and one row per job with its values and metrics, and no column for every gradient norm.
@@ -42,12 +43,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from heatinv.atomic import write_json
 from heatinv.final_metrics import FINAL_METRICS
+from heatinv.job_log import DONE_MARK, FAILED_MARK, UNREAD_MARK
 
 log = logging.getLogger(__name__)
 
-FAILED_MARK = "heatinv job failed: "
-DONE_MARK = "heatinv: results in "
-"""A run's last log line when its results are written (or kept): a failure logged before it is an earlier attempt's."""
 SUMMARY_NAME = "sweep_summary.json"
 HPARAMS_EVENTS_SUFFIX = ".heatinv-sweep"
 
@@ -113,6 +112,8 @@ class SweepSummary(Callback):
             jobs = [job for job in summary["jobs"] if job["status"] == status]
             if jobs:
                 line += f", {status}: " + "; ".join(f"#{job['num']} ({job['error']})" for job in jobs)
+        if summary["read_by_no_job"]:
+            line += f", read by no job: {', '.join(summary['read_by_no_job'])} (each job ran without it: see its warning)"
         if any(job["status"] == "failed" for job in summary["jobs"]):
             line += ". A failed job's traceback is in its train.log"
         print(line, flush=True)
@@ -189,6 +190,14 @@ def failure_from_log(log_path: str) -> Optional[str]:
     return message
 
 
+def unread_keys_from_log(log_path: str) -> set[str]:
+    """The keys a job warned it does not read (a sweep crossed them with a choice that ignores them)."""
+    if not os.path.isfile(log_path):
+        return set()
+    with open(log_path, errors="replace") as f:
+        return {line.split("heatinv: ", 1)[1].split("=", 1)[0] for line in f if UNREAD_MARK in line and "heatinv: " in line}
+
+
 def _newest_checkpoint(job_dir: str) -> Optional[int]:
     """The step of a job's newest checkpoint (``checkpoints/ckpt-<n>.index``), None without one."""
     steps = [int(m.group(1)) for path in glob.glob(os.path.join(job_dir, "checkpoints", "ckpt-*.index"))
@@ -233,6 +242,7 @@ def read_job(job_dir: str, sweep_dir: str) -> dict:
         "num": _job_num(job_dir),
         "dir": os.path.relpath(job_dir, sweep_dir),
         "overrides": overrides,
+        "unread": sorted(unread_keys_from_log(log_path)),
         "status": status,
         "error": error,
         "metrics": metrics,
@@ -251,6 +261,8 @@ def summarize(sweep_dir: str, finished: bool = True) -> dict:
         "jobs": jobs,
         "ok": sum(job["status"] == "ok" for job in jobs),
         "failed": [job["num"] for job in jobs if job["status"] != "ok"],
+        # Swept keys no job read: the jobs that differ only in them ran the same.
+        "read_by_no_job": sorted(set.intersection(*(set(job["unread"]) for job in jobs))) if jobs else [],
         "best": None if best is None else {"num": best["num"], "dir": best["dir"], "objective": objective(best)},
     }
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from heatinv.job_log import UNREAD_MARK
 from heatinv.startup import start_tensorflow
 
 # A joblib (loky) worker of a sweep unpickles Hydra's ConfigStore, which holds this module's
@@ -414,7 +415,7 @@ def _check_typed_keys_are_read(cfg) -> None:
     unread = unread_keys(cfg, list(hydra.overrides.task))
     if unread and hydra.mode == RunMode.MULTIRUN:
         for sentence in unread:  # a sweep crosses keys with choices: its jobs go on as composed
-            log.warning(f"heatinv: {sentence}; this job runs without it.")
+            log.warning(f"heatinv: {sentence}{UNREAD_MARK}")
     elif unread:
         raise ConfigError(
             f"Config value {unread[0]}: the run would ignore it and train something other than asked. "

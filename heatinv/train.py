@@ -25,7 +25,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from heatinv.build import Parts, build_parts  # noqa: E402
-from heatinv.callbacks import DONE_MARK  # noqa: E402
+from heatinv.job_log import DONE_MARK  # noqa: E402
 from heatinv.checkpoints import (  # noqa: E402
     CHECKPOINTS,
     RUN_CONFIG,

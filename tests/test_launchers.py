@@ -35,7 +35,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from conftest import SWEEP_LOSSES
-from heatinv.callbacks import DONE_MARK, FAILED_MARK, SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
+from heatinv.callbacks import SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
+from heatinv.job_log import DONE_MARK, FAILED_MARK, UNREAD_MARK
 from heatinv.config import register
 from heatinv.progress import ConsoleFilter
 from heatinv.startup import KNOWN_NOTICES
@@ -350,6 +351,22 @@ def job_config(loss: str) -> dict:
 
 def metrics_for(cosine: float) -> dict:
     return {**{name: 0.5 for name in FINAL}, "cosine": cosine, "objective": 1 - cosine, "steps": 3, "diagnosis": []}
+
+
+def test_a_swept_key_that_no_job_reads_is_named_in_the_summary(tmp_path, capsys):
+    """`-m target.pattern=frame,cross` without target=pattern ran two identical jobs, and the summary said nothing."""
+    sweep = tmp_path / "sweep"
+    for num, pattern in enumerate(("frame", "cross")):
+        warning = (f"[2026-01-01 00:00:00,000][heatinv.config][WARNING] - heatinv: target.pattern={pattern} is read only "
+                   f"with target=pattern, and this run has target.kind='class'{UNREAD_MARK}\n")
+        make_job(sweep, num, [f"target.pattern={pattern}"], job_config("mse"), metrics_for(0.9), log=warning)
+    callback = SweepSummary()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+    summary = json.loads((sweep / SUMMARY_NAME).read_text())
+    assert summary["read_by_no_job"] == ["target.pattern"]
+    assert "read by no job: target.pattern" in capsys.readouterr().out
 
 
 def test_sweep_summary_lists_each_job_and_writes_the_hparams_experiment(tmp_path):
