@@ -354,6 +354,12 @@ def test_an_interrupted_sweep_is_finished_by_resuming_it(tmp_path, reference_cac
     assert {job["dir"]: (sweep / job["dir"] / "metrics.json").read_bytes() for job in jobs} == written
     assert summary()["ok"] == 2 and summary()["best"] is not None
 
+    extended = sweep_run("trainer.resume=true", "trainer.steps=25")  # the folders leave trainer.steps out of their names
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    assert extended.stdout.count("after resuming at step 20") == 2
+    assert [job["dir"] for job in summary()["jobs"]] == [job["dir"] for job in jobs]
+    assert [job["metrics"]["steps"] for job in summary()["jobs"]] == [25, 25]
+
 
 def test_a_dataset_resume_names_the_epochs(composed, reference_cache):
     import heatinv.train as train

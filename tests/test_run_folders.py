@@ -30,6 +30,19 @@ from heatinv.loop import TEST_SIGNAL_VARIABLE
 HANG_LIMIT = 900  # seconds; a hang detector, not a performance check
 
 
+def test_folder_names_leave_out_what_a_resume_may_change():
+    """A sweep extended with trainer.steps=600 looked for its jobs in folders named ...,trainer.steps=600."""
+    from importlib import resources
+
+    import yaml
+
+    from heatinv.checkpoints import MAY_CHANGE_ON_RESUME
+
+    with resources.files("heatinv.configs").joinpath("hydra/default.yaml").open() as f:
+        excluded = set(yaml.safe_load(f)["job"]["config"]["override_dirname"]["exclude_keys"])
+    assert set(MAY_CHANGE_ON_RESUME) <= excluded, sorted(set(MAY_CHANGE_ON_RESUME) - excluded)
+
+
 def test_a_run_without_overrides_is_named_by_its_time_only():
     assert run_folder_name("23-37-04", "") == "23-37-04"
     assert run_folder_name("23-37-04", "loss=l1,optimizer.lr=0.1") == "23-37-04_loss=l1,optimizer.lr=0.1"

@@ -29,7 +29,7 @@ def check_sweep(result: subprocess.CompletedProcess, sweep_dir: str) -> dict[str
     assert os.path.isfile(os.path.join(sweep_dir, "multirun.yaml"))
     by_loss = {}
     for job in range(len(LOSSES)):
-        # job folders are named after the job's overrides, e.g. 0_loss=l1,trainer.steps=3
+        # job folders are named after the job's overrides, e.g. 0_debug=smoke,loss=l1
         (job_dir,) = [os.path.join(sweep_dir, d) for d in os.listdir(sweep_dir) if d.split("_", 1)[0] == str(job)]
         for name in ("metrics.json", "student.keras", "heatmaps.png"):
             assert os.path.isfile(os.path.join(job_dir, name)), f"job {job} lacks {name}"
