@@ -18,8 +18,9 @@ from heatinv.job_log import UNREAD_MARK
 from heatinv.startup import start_tensorflow
 
 # A joblib (loky) worker of a sweep unpickles Hydra's ConfigStore, which holds this module's
-# schema, before it reaches the entry point: here TensorFlow is first imported there.
-start_tensorflow()
+# schema, before it reaches the entry point: here TensorFlow is first imported there. The
+# devices are left to the entry point, so that a program importing heatinv can set them up.
+start_tensorflow(devices=False)
 
 from heatinv.data import DATASET_NAMES, TABULAR_NAMES  # noqa: E402
 from heatinv.lrp import COMPOSITES  # noqa: E402

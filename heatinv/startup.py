@@ -9,7 +9,8 @@ file, then writes back every captured line that is not one of those known notice
 unexpected message is still shown.
 
 Only the command-line entry points call it, before anything imports TensorFlow, and
-:mod:`heatinv.config`, the first heatinv module a joblib sweep's worker imports. Later, the
+:mod:`heatinv.config` (the first heatinv module a joblib sweep's worker imports) for the
+import alone, leaving the devices to the entry point. Later, the
 same known notices are dropped around the one call that writes one (:func:`dropping_known_notices`
 around the reference's ``fit``).
 
@@ -47,13 +48,23 @@ KNOWN_NOTICES = re.compile(
 """Start-up lines of a CUDA build of TensorFlow on a machine without a GPU, and harmless runtime notices."""
 
 
-def start_tensorflow() -> None:
+_started = {"import": False, "devices": False}
+"""What :func:`start_tensorflow` has done in this process: TensorFlow imported, its devices created."""
+
+
+def start_tensorflow(devices: bool = True) -> None:
     """Import TensorFlow and initialise its devices, dropping only :data:`KNOWN_NOTICES`.
 
     Sets ``TF_CPP_MIN_LOG_LEVEL=2`` (unless the user set it) so that later informational
-    lines stay quiet too. Calling it again does nothing new.
+    lines stay quiet too. Calling it again does nothing new; TensorFlow imported by anything
+    else is left as it is.
+
+    Args:
+        devices: also create the devices (the entry points). Without, only the import is quiet,
+            so a program importing a heatinv module can still configure its devices.
     """
-    if "tensorflow" in sys.modules:
+    imported_elsewhere = "tensorflow" in sys.modules and not _started["import"]
+    if imported_elsewhere or _started["devices"] or (_started["import"] and not devices):
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
@@ -62,14 +73,18 @@ def start_tensorflow() -> None:
     except OSError:  # no usable stderr (a detached daemon): nothing to keep quiet
         import tensorflow  # noqa: F401
 
+        _started["import"] = True
         return
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
             import tensorflow as tf
 
-            tf.config.list_physical_devices()
-            tf.constant(0.0)  # creates the eager context: the cuInit line is written here
+            _started["import"] = True
+            if devices:
+                tf.config.list_physical_devices()
+                tf.constant(0.0)  # creates the eager context: the cuInit line is written here
+                _started["devices"] = True
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)

@@ -29,6 +29,16 @@ def test_start_up_notices_are_dropped():
     assert _stderr(QUIET).strip() == ""
 
 
+@pytest.mark.slow
+def test_importing_heatinv_leaves_the_devices_to_the_program():
+    """Importing heatinv.config created TensorFlow's devices, so a program could no longer set them up."""
+    _stderr(
+        "import heatinv.config, tensorflow as tf; cpu = tf.config.list_physical_devices('CPU')[0]; "
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2); "
+        "assert len(tf.config.list_logical_devices('CPU')) == 2; print('ok')"
+    )
+
+
 @pytest.mark.parametrize(
     "line",
     [
