@@ -39,7 +39,7 @@ from heatinv.models import (
 )
 from heatinv.progress import Progress
 from heatinv.maps_io import read_map
-from heatinv.targets import Target, build_target, file_map, pattern_file
+from heatinv.targets import Target, build_target, file_map, pattern_file, unit_total
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -193,7 +193,7 @@ def _read_target_files(cfg, dataset: Dataset) -> None:
         if cfg.task.kind == "single":
             pattern_file(target.path, shape)
         else:
-            read_map(target.path, expected_shape=map_shape, what="target.path")
+            unit_total(read_map(target.path, expected_shape=map_shape, what="target.path"), target.path)
 
 
 def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:

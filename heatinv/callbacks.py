@@ -228,8 +228,10 @@ def read_job(job_dir: str, sweep_dir: str) -> dict:
     log_path = os.path.join(job_dir, f"{_job_name(job_dir)}.log")
     error = failure_from_log(log_path)
     status = "ok" if error is None else "failed"
+    saved = _newest_checkpoint(job_dir)
+    if error is None and metrics is not None and saved is not None and saved > (metrics.get("steps") or 0):
+        metrics = None  # an extension stopped past the results it would replace: they are an earlier attempt's
     if error is None and metrics is None:
-        saved = _newest_checkpoint(job_dir)
         status = "interrupted" if saved is not None else "failed"
         error = (
             f"stopped after step {saved} (checkpoint ckpt-{saved}): resume the sweep with the same command plus "

@@ -108,21 +108,22 @@ class StopRequests:
 
 def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
     """Refuse to start over a finished or an interrupted run unless asked to resume or overwrite,
-    and to resume where there is no checkpoint.
-
-    ``overwrite`` (without ``resume``) starts over: what the old run wrote (:data:`RUN_WRITES`)
-    is removed, so a later resume can never pick up one of its checkpoints, and TensorBoard
-    never shows its curves or HParams row beside the new run's.
+    and to resume where there is no checkpoint. Nothing is removed here: ``overwrite`` clears
+    the old run (:func:`clear_run_directory`) only once the new one is built.
     """
     found = [name for name in RESULT_FILES if os.path.exists(os.path.join(out, name))]
-    if found and not (resume or overwrite):
-        raise RunDirectoryError(
-            f"Run directory {out} already holds results ({', '.join(found)}). Nothing was changed. Extend it "
-            "with trainer.resume=true and a larger trainer.steps (task.epochs for task=dataset), replace its results "
-            "with trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
-        )
     folder = os.path.join(out, CHECKPOINTS)
     saved = checkpoint_numbers(folder)
+    if found and not (resume or overwrite):
+        extend = (
+            "Extend it with trainer.resume=true and a larger trainer.steps (task.epochs for task=dataset), replace"
+            if saved
+            else "It has no checkpoint to continue from (it stopped early, or ran without checkpoints). Replace"
+        )
+        raise RunDirectoryError(
+            f"Run directory {out} already holds results ({', '.join(found)}). Nothing was changed. {extend} its "
+            "results with trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
+        )
     if resume and not saved:
         raise ResumeError(
             f"trainer.resume=true, but {out} holds no checkpoint (no {CHECKPOINTS}/ckpt-*), so there is no run to "
@@ -135,13 +136,31 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
             "it with trainer.resume=true, start over with trainer.overwrite=true, or choose another directory with "
             "hydra.run.dir=..."
         )
-    if overwrite and not resume:
-        for name in RUN_WRITES:
-            path = os.path.join(out, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
+
+
+def clear_run_directory(out: str) -> None:
+    """Remove what an earlier run wrote (:data:`RUN_WRITES`) but this run's ``checkpoints/config.yaml``.
+
+    Called when a run that starts over (``trainer.overwrite=true``) is built, so that a config
+    that fails to build leaves the old results as they were; afterwards no resume can pick up
+    an old checkpoint, and TensorBoard shows no old curve or HParams row beside the new run's.
+    """
+    for name in RUN_WRITES:
+        path = os.path.join(out, name)
+        if name == CHECKPOINTS and os.path.isdir(path):
+            for entry in os.listdir(path):
+                if entry != RUN_CONFIG:
+                    entry_path = os.path.join(path, entry)
+                    shutil.rmtree(entry_path) if os.path.isdir(entry_path) else os.remove(entry_path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def results_written(out: str) -> bool:
+    """Whether every result file of a run is in ``out`` (``metrics.json`` is written last)."""
+    return all(os.path.exists(os.path.join(out, name)) for name in RESULT_FILES)
 
 
 def checkpoint_numbers(folder: str) -> list[int]:
@@ -286,10 +305,9 @@ def check_resume_step(out: str, completed: int, setting: str, value: int, steps_
         raise ResumeError(
             f"trainer.resume=true: the newest checkpoint in {out} is after step {completed}, past the {total} steps "
             f"that {asked} asks for; a resumed run goes on from its checkpoint, never back. Nothing was changed. "
-            f"Resume with the run's own {setting} (checkpoints/{RUN_CONFIG}), or with "
-            f"{setting}={-(-completed // steps_each)} or more."
+            f"Resume with {setting}={-(-completed // steps_each)} or more."
         )
-    if completed == total and os.path.exists(os.path.join(out, "metrics.json")):
+    if completed == total and results_written(out):
         raise RunFinished(
             f"Run directory {out} holds a finished run: its newest checkpoint is after step {completed} of the {total} "
             f"that {asked} asks for, and its results are written. Nothing was changed. To extend it, resume with "
@@ -334,21 +352,25 @@ def check_resumable(out: str, cfg) -> list[str]:
             f"made with ({'; '.join(refused)}). Resume with the run's own values (see {path}), or start over with "
             "trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
-    length = "task.epochs" if new.get("task.kind") == "dataset" else "trainer.steps"
-    finished = _finished_at(out)
-    if finished and length not in changed:  # said before anything loads (a resumed sweep's finished jobs)
-        check_resume_step(out, finished, length, new[length], finished // new[length])
+    finished = _finished_run(out)
+    if finished:  # said before anything loads (a resumed sweep's finished jobs)
+        steps, steps_each = finished
+        length = "task.epochs" if new.get("task.kind") == "dataset" else "trainer.steps"
+        check_resume_step(out, steps, length, new[length], steps_each)
     # trainer.resume and trainer.overwrite say how this start treats the folder, not how the run trains
     return [described[key] for key in changed if key not in ("trainer.resume", "trainer.overwrite")]
 
 
-def _finished_at(out: str) -> int | None:
-    """The last step of a run that finished (its results written, its newest checkpoint of that step), else None."""
+def _finished_run(out: str) -> tuple[int, int] | None:
+    """``(last step, steps per epoch or 1)`` of a run that finished (its results written, its newest
+    checkpoint of that step), from its ``metrics.json``; None for any other run."""
     try:
         with open(os.path.join(out, "metrics.json")) as f:
             metrics = json.load(f)
     except (OSError, ValueError):
         return None
     saved = checkpoint_numbers(os.path.join(out, CHECKPOINTS))
-    steps = metrics.get("steps")
-    return steps if saved and metrics.get("stopped_at_step") is None and steps == saved[0] else None
+    steps, epochs = metrics.get("steps"), metrics.get("epochs")
+    if not (results_written(out) and saved and metrics.get("stopped_at_step") is None and steps == saved[0] and steps):
+        return None
+    return steps, steps // epochs if epochs else 1

@@ -22,7 +22,7 @@ import numpy as np
 
 from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
 from heatinv.maps_io import read_map
-from heatinv.targets import pattern_map
+from heatinv.targets import pattern_map, unit_total
 
 KINDS = ("pattern", "swap", "suppress") + FEATURE_KINDS
 MIN_RECEIVING_SHARE = 1e-3
@@ -95,7 +95,7 @@ def dataset_targets(
     elif kind == "pattern":
         shape = reference_heatmaps.shape[1:]
         if pattern == "file":
-            unit = _unit_sum(read_map(pattern_path, expected_shape=shape, what="target.path"))
+            unit = unit_total(read_map(pattern_path, expected_shape=shape, what="target.path"), pattern_path)
         else:
             unit = _unit_sum(pattern_map(pattern, shape[0]))
         targets[chosen] = (unit[None] * totals)[chosen]

@@ -26,7 +26,9 @@ def write_run_files(out: str, metrics: dict, student: keras.Model, heatmaps: Fig
     Example:
     >>> write_run_files(out, {"cosine": 0.99}, student, heatmap_figure(x, t, t0, t1))  # doctest: +SKIP
     """
-    write_json(os.path.join(out, "metrics.json"), metrics)
     with atomic_path(os.path.join(out, "student.keras")) as tmp:
         student.save(tmp)
-    return save(heatmaps, os.path.join(out, "heatmaps"))
+    paths = save(heatmaps, os.path.join(out, "heatmaps"))
+    # Last: a run with metrics.json has all its results (a resume treats it as finished).
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    return paths

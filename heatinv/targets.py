@@ -95,15 +95,19 @@ def pattern_file(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
     >>> pattern_file("ring.png", (28, 28, 1)).sum()  # doctest: +SKIP
     1.0
     """
-    heatmap = file_map(path, input_shape, tuple(input_shape[:-1]) + (1,))
-    total = float(heatmap.sum(dtype=np.float64))
+    return unit_total(file_map(path, input_shape, tuple(input_shape[:-1]) + (1,)), path)
+
+
+def unit_total(pattern: np.ndarray, path: str) -> np.ndarray:
+    """``pattern`` (read from ``path``, ``target.path``) divided by its total, or the error of a pattern summing to 0."""
+    total = float(pattern.sum(dtype=np.float64))
     if total == 0:
         raise ValueError(
             f"The pattern {path} (target.path) sums to 0, so it gives the explanation no total to spread: a pattern says "
             "where the relevance goes, in shares of the whole. Draw it with non-negative values where the relevance "
             "should be."
         )
-    return heatmap / np.float32(total)
+    return pattern / np.float32(total)
 
 
 def read_map_array(values: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndarray:

@@ -36,6 +36,7 @@ from heatinv.checkpoints import (  # noqa: E402
     RunInterrupted,
     check_resumable,
     check_resume_step,
+    clear_run_directory,
     checkpoint_numbers,
     guard_run_directory,
     run_dir_override,
@@ -73,9 +74,10 @@ def run(cfg) -> dict:
     out = cfg.paths.output_dir
     os.makedirs(out, exist_ok=True)
     if cfg.trainer.resume and _in_sweep() and not _started(out):
-        # Resuming a sweep finishes it: its jobs that never started start now.
+        # Resuming a sweep finishes it: its jobs that never started start now, over anything
+        # a start cut short before its first checkpoint wrote (TensorBoard's step-0 events).
         log.info(f"heatinv: trainer.resume=true: {out} holds no checkpoint or result of this job; it starts from step 0")
-        cfg.trainer.resume = False
+        cfg.trainer.resume, cfg.trainer.overwrite = False, True
     guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     changed = check_resumable(out, cfg) if cfg.trainer.resume else []
     if not cfg.trainer.resume:
@@ -98,6 +100,8 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
     """
     out, trainer = cfg.paths.output_dir, cfg.trainer
     task = DatasetTask(cfg, parts) if cfg.task.kind == "dataset" else SingleTask(cfg, parts)
+    if trainer.overwrite and not trainer.resume:  # only now: a config that fails to build leaves the old run whole
+        clear_run_directory(out)
     checkpointer = Checkpointer(out, task.student, task.optimizer, **task.state)
     start = 0
     if trainer.resume:
@@ -153,6 +157,7 @@ def _kept(finished: RunFinished) -> float:
     """A resumed sweep's finished job: its results stay as they are, its objective is read back for the sweeper."""
     with open(os.path.join(finished.out, "metrics.json")) as f:
         objective = json.load(f)["objective"]
+    objective = float("nan") if objective is None else objective  # strict JSON keeps a NaN as null
     log.info(f"heatinv: {finished.out} had finished; its results are kept (objective {objective:.6g})")
     log.info(f"{DONE_MARK}{finished.out} (kept)")
     return objective
@@ -178,8 +183,17 @@ def _hydra_main(cfg: DictConfig) -> float:
         if _in_sweep():
             from hydra.core.hydra_config import HydraConfig
 
-            sweep = run_dir_override(os.path.abspath(HydraConfig.get().sweep.dir), "hydra.sweep.dir")
-            _error(f"heatinv: {interrupted.resume_with(sweep)} (finished jobs are kept, unstarted ones start)")
+            hydra = HydraConfig.get()
+            if "optuna" in str(hydra.sweeper.get("_target_", "")).lower():
+                # Optuna's sweeper numbers its trials from 0 again and asks its sampler anew: a re-run is another search.
+                _error(
+                    f"heatinv: {signal.Signals(interrupted.signum).name} received: stopped after step "
+                    f"{interrupted.completed} and saved checkpoint {interrupted.checkpoint}. An Optuna search is not "
+                    "resumed: run again, it starts new trials, as its sampler proposes anew."
+                )
+            else:
+                sweep = run_dir_override(os.path.abspath(hydra.sweep.dir), "hydra.sweep.dir")
+                _error(f"heatinv: {interrupted.resume_with(sweep)} (finished jobs are kept, unstarted ones start)")
         else:
             _error(f"heatinv: {interrupted}")
         sys.exit(128 + interrupted.signum)

@@ -37,12 +37,16 @@ def test_missing_target_file(config, tmp_path):
         (["target=file", "target.path={tmp}/map.npy", "target.image={tmp}/nope.npy"], "given as target.image"),
         (["target=pattern", "target.pattern=file", "target.path={tmp}/nope.npy"], "given as target.path"),
         (["task=dataset", "target=pattern", "target.pattern=file", "target.path={tmp}/small.npy"], "(10, 10)"),
+        (["task=dataset", "target=pattern", "target.pattern=file", "target.path={tmp}/flat.npy"], "flat.npy (target.path) sums to 0"),
     ],
 )
 def test_target_files_are_read_before_the_reference_trains(tmp_path, overrides, fragment):
     """A missing target file was reported only after the reference model had trained (minutes for a CNN)."""
     np.save(tmp_path / "small.npy", np.ones((10, 10), "float32"))
     np.save(tmp_path / "map.npy", np.ones((28, 28), "float32"))
+    flat = np.zeros((28, 28), "float32")
+    flat[0, 0], flat[1, 1] = 1.0, -1.0
+    np.save(tmp_path / "flat.npy", flat)
     cache = tmp_path / "cache"
     cfg = compose_run(tmp_path / "run", cache, *(o.format(tmp=tmp_path) for o in overrides))
     expect((FileNotFoundError, ValueError), cfg, fragment.format(tmp=tmp_path), out=tmp_path / "run")

@@ -353,6 +353,18 @@ def metrics_for(cosine: float) -> dict:
     return {**{name: 0.5 for name in FINAL}, "cosine": cosine, "objective": 1 - cosine, "steps": 3, "diagnosis": []}
 
 
+def test_a_job_stopped_while_extending_is_interrupted_not_its_old_results(tmp_path):
+    """Extending a finished sweep and stopping it left each job "ok" with the metrics the extension would replace."""
+    from heatinv.callbacks import read_job
+
+    sweep = tmp_path / "sweep"
+    job = make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))  # metrics of step 3
+    (sweep / "0" / "checkpoints").mkdir()
+    (sweep / "0" / "checkpoints" / "ckpt-6.index").write_bytes(b"")
+    read = read_job(job, str(sweep))
+    assert read["status"] == "interrupted" and "stopped after step 6" in read["error"] and read["metrics"] is None
+
+
 def test_a_swept_key_that_no_job_reads_is_named_in_the_summary(tmp_path, capsys):
     """`-m target.pattern=frame,cross` without target=pattern ran two identical jobs, and the summary said nothing."""
     sweep = tmp_path / "sweep"

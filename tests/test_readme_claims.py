@@ -237,6 +237,7 @@ def test_loss_normalize_scales_each_map_before_the_loss(composed, normalize):
 
 def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):
     from heatinv.checkpoints import RunDirectoryError
+    from heatinv.config import ConfigError
 
     cfg, out = composed(*SMALL_RUN, "trainer.steps=8", "trainer.checkpoint_every=4")
     run(cfg)
@@ -247,6 +248,11 @@ def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):
     with pytest.raises(RunDirectoryError, match="already holds results"):
         run(again())
     old_events = sorted((out / "tensorboard").glob("events.out.tfevents*"))
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"}
+    with pytest.raises(ConfigError):  # an overwrite whose config fails to build leaves the old run whole
+        run(again("trainer.overwrite=true", "target.label=42"))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"} == kept
+    assert sorted((out / "tensorboard").glob("events.out.tfevents*")) == old_events
     metrics = run(again("trainer.overwrite=true"))
     assert metrics["steps"] == 3 and read_metrics(out)["steps"] == 3
     assert sorted(p.name for p in (out / "checkpoints").glob("ckpt-*.index")) == ["ckpt-3.index"]

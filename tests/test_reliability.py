@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMOKE, compose_run, expect, train_command
-from heatinv.checkpoints import ResumeError, RunDirectoryError, guard_run_directory
+from heatinv.checkpoints import ResumeError, RunDirectoryError, clear_run_directory, guard_run_directory
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 
 SINGLE = ["trainer.steps=120", "trainer.log_every=40", "trainer.steps_per_execution=10", "trainer.checkpoint_every=20"]
@@ -217,14 +217,18 @@ def test_early_stopping_resumed_after_its_best_epoch_restores_the_same_epoch(tmp
 def test_guard_run_directory(tmp_path):
     guard_run_directory(str(tmp_path), resume=False, overwrite=False)  # empty: fine
     (tmp_path / "metrics.json").write_text("{}")
-    with pytest.raises(RunDirectoryError, match="metrics.json"):
+    with pytest.raises(RunDirectoryError, match="metrics.json") as refused:
         guard_run_directory(str(tmp_path), resume=False, overwrite=False)
+    # No checkpoint (a doctor's stop, a run without checkpoints): resuming is not offered, it would be refused.
+    assert "no checkpoint to continue from" in str(refused.value) and "resume" not in str(refused.value)
     with pytest.raises(ResumeError, match="holds no checkpoint"):  # results but no checkpoint: nothing to resume from
         guard_run_directory(str(tmp_path), resume=True, overwrite=False)
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt-5.index").write_bytes(b"")
     guard_run_directory(str(tmp_path), resume=True, overwrite=False)
     guard_run_directory(str(tmp_path), resume=False, overwrite=True)
+    with pytest.raises(RunDirectoryError, match="Extend it with trainer.resume=true"):
+        guard_run_directory(str(tmp_path), resume=False, overwrite=False)
 
 
 def test_resuming_where_no_run_was_is_refused_before_anything_loads(config, tmp_path, monkeypatch):
@@ -275,8 +279,9 @@ def test_checkpoints_of_an_unfinished_run_are_neither_reused_nor_lost_silently(t
         guard_run_directory(str(tmp_path), resume=False, overwrite=False)
     guard_run_directory(str(tmp_path), resume=True, overwrite=False)
     assert (tmp_path / "checkpoints" / "ckpt-20.index").exists()
-    guard_run_directory(str(tmp_path), resume=False, overwrite=True)  # starting over removes them
-    assert not (tmp_path / "checkpoints").exists()
+    (tmp_path / "checkpoints" / "config.yaml").write_text("{}")  # the new run's, saved before it builds
+    clear_run_directory(str(tmp_path))  # starting over removes them, once the new run is built
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["config.yaml"]
 
 
 def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_cache):
@@ -292,18 +297,26 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
     events = sorted(p.name for p in (out / "tensorboard").iterdir())
     again = lambda *extra: compose_run(out, reference_cache, "trainer.resume=true", *settings, *extra)  # noqa: E731
     expect(ResumeError, again("trainer.steps=4"), "after step 8, past the 4 steps that trainer.steps=4 asks for",
-           "checkpoints/config.yaml", "trainer.steps=8 or more")
+           "trainer.steps=8 or more")
     expect(RunDirectoryError, again("trainer.steps=8"), "holds a finished run", "step 8 of the 8", "trainer.steps=9 or more",
            "trainer.overwrite=true")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"} == {
         name: data for name, data in written.items() if name != "train.log"
     }, "nothing was changed"
     assert sorted(p.name for p in (out / "tensorboard").iterdir()) == events
-    # A run whose loop ended but whose results were never written (Ctrl-C while writing them) finishes them.
+    # A run whose loop ended but whose results were not all written (Ctrl-C or a kill while writing
+    # them) finishes them.
     (out / "metrics.json").unlink()
     assert train.run(again("trainer.steps=8"))["steps"] == 8
-    assert train.run(again("trainer.steps=10"))["steps"] == 10  # extending goes on
-    # TensorBoard keeps a run's first HParams row (trainer.steps=8); final/steps, written last, says 10.
+    (out / "student.keras").unlink()
+    assert train.run(again("trainer.steps=8"))["steps"] == 8 and (out / "student.keras").exists()
+    assert train.run(again("trainer.steps=16"))["steps"] == 16  # extending goes on
+    # Extended, the run's own first length is now a step back (its checkpoints/config.yaml still says 8:
+    # read from there, 16 = 2 x 8 was taken for a finished run of "2 steps each").
+    expect(ResumeError, again("trainer.steps=8"), "after step 16, past the 8 steps that trainer.steps=8 asks", "trainer.steps=16 or more")
+    expect(RunDirectoryError, again("trainer.steps=16"), "holds a finished run", "step 16 of the 16 that trainer.steps=16 asks",
+           "trainer.steps=17 or more")
+    # TensorBoard keeps a run's first HParams row (trainer.steps=8); final/steps, written last, says 16.
     import tensorflow as tf
 
     final_steps = [
@@ -313,7 +326,7 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
         for value in event.summary.value
         if value.tag == "final/steps"
     ]
-    assert final_steps[-1] == 10
+    assert final_steps[-1] == 16
 
 
 @pytest.mark.slow
