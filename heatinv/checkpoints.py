@@ -28,7 +28,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.atomic import atomic_path
-from heatinv.config import flat_config
+from heatinv.config import MAY_CHANGE_ON_RESUME, flat_config
 
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
 CHECKPOINTS = "checkpoints"
@@ -263,22 +263,6 @@ class Checkpointer:
         return self.manager.save(checkpoint_number=completed)
 
 
-# Keys a resumed run may change: how long it runs, how often it logs and saves, how the same
-# updates are executed. Any other key changes the model, the data, the target or the
-# objective, and the checkpoint would continue a different run.
-MAY_CHANGE_ON_RESUME = (
-    "trainer.steps",
-    "task.epochs",
-    "trainer.log_every",
-    "trainer.checkpoint_every",
-    "trainer.checkpoint_seconds",
-    "trainer.max_nonfinite",
-    "trainer.steps_per_execution",
-    "trainer.jit_compile",
-    "trainer.strategy",
-    "trainer.resume",
-    "trainer.overwrite",
-)
 RUN_CONFIG = "config.yaml"
 
 

@@ -8,6 +8,7 @@ config is composed, with Hydra naming the key; values whose range matters are ch
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -464,12 +465,33 @@ def _get(cfg, dotted: str):
     return node
 
 
+# Keys a resumed run may change: how long it runs, how often it logs and saves, how the same
+# updates are executed. Any other key changes the model, the data, the target or the
+# objective, and the checkpoint would continue a different run.
+MAY_CHANGE_ON_RESUME = (
+    "trainer.steps",
+    "task.epochs",
+    "trainer.log_every",
+    "trainer.checkpoint_every",
+    "trainer.checkpoint_seconds",
+    "trainer.max_nonfinite",
+    "trainer.steps_per_execution",
+    "trainer.jit_compile",
+    "trainer.strategy",
+    "trainer.resume",
+    "trainer.overwrite",
+)
+
+
 def register() -> None:
     """Register the schema with Hydra's ConfigStore as ``train_schema``, and :func:`run_folder_name`
-    as the resolver ``heatinv.run_folder`` (``configs/hydra/default.yaml`` names run folders with it)."""
+    and :func:`job_folder_name` as the resolvers ``heatinv.run_folder`` and ``heatinv.job_folder``
+    (``configs/hydra/default.yaml`` names run and sweep job folders with them)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     if not OmegaConf.has_resolver("heatinv.run_folder"):
         OmegaConf.register_new_resolver("heatinv.run_folder", run_folder_name)
+    if not OmegaConf.has_resolver("heatinv.job_folder"):
+        OmegaConf.register_new_resolver("heatinv.job_folder", job_folder_name)
 
 
 def flat_config(cfg) -> dict:
@@ -504,3 +526,18 @@ def run_folder_name(time: str, overrides: str) -> str:
     ('23-37-04_loss=l1', '23-37-04')
     """
     return f"{time}_{overrides}" if overrides else time
+
+
+def job_folder_name(num, overrides: str) -> str:
+    """A sweep job's folder: its number, then its overrides but those a resume may change.
+
+    So a sweep extended with more ``trainer.steps`` (its command plus ``trainer.resume=true``)
+    finds its jobs in their folders. A single run keeps them in its name: two runs started in
+    the same second that differ only in ``trainer.steps`` get two folders.
+
+    Example:
+    >>> job_folder_name(0, "loss=l1,trainer.steps=20"), job_folder_name(1, "trainer.steps=20")
+    ('0_loss=l1', '1_')
+    """
+    kept = [item for item in re.split(r",(?=[+~]?[\w.]+=)", overrides) if item and item.split("=", 1)[0] not in MAY_CHANGE_ON_RESUME]
+    return f"{num}_{','.join(kept)}"

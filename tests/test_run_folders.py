@@ -30,17 +30,14 @@ from heatinv.loop import TEST_SIGNAL_VARIABLE
 HANG_LIMIT = 900  # seconds; a hang detector, not a performance check
 
 
-def test_folder_names_leave_out_what_a_resume_may_change():
-    """A sweep extended with trainer.steps=600 looked for its jobs in folders named ...,trainer.steps=600."""
-    from importlib import resources
+def test_job_folders_leave_out_what_a_resume_may_change_and_run_folders_keep_it():
+    """A sweep extended with trainer.steps=600 looked for its jobs in folders named ...,trainer.steps=600.
+    A single run keeps the key: two runs started in one second with other trainer.steps stay apart."""
+    from heatinv.config import MAY_CHANGE_ON_RESUME, job_folder_name
 
-    import yaml
-
-    from heatinv.checkpoints import MAY_CHANGE_ON_RESUME
-
-    with resources.files("heatinv.configs").joinpath("hydra/default.yaml").open() as f:
-        excluded = set(yaml.safe_load(f)["job"]["config"]["override_dirname"]["exclude_keys"])
-    assert set(MAY_CHANGE_ON_RESUME) <= excluded, sorted(set(MAY_CHANGE_ON_RESUME) - excluded)
+    assert job_folder_name(3, "loss=l1,model.hidden=[16,8],trainer.steps=600,task.epochs=2") == "3_loss=l1,model.hidden=[16,8]"
+    assert job_folder_name(0, ",".join(f"{key}=1" for key in MAY_CHANGE_ON_RESUME)) == "0_"
+    assert run_folder_name("23-37-04", "trainer.steps=600") == "23-37-04_trainer.steps=600"
 
 
 def test_a_run_without_overrides_is_named_by_its_time_only():
