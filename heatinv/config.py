@@ -251,6 +251,10 @@ READ_ONLY_WHEN = (
         "task=single without target.image", ("task.kind", "target.image"),
     ),
     ReadOnlyWhen(("trainer.steps",), lambda c: c.task.kind == "single", "task=single (task=dataset runs task.epochs)", ("task.kind",)),
+    ReadOnlyWhen(
+        ("trainer.log_every", "trainer.steps_per_execution"), lambda c: c.task.kind == "single",
+        "task=single (task=dataset runs one batch per call and logs once per epoch)", ("task.kind",),
+    ),
     ReadOnlyWhen(_DATASET_TASK_KEYS, lambda c: c.task.kind == "dataset", "task=dataset", ("task.kind",)),
     ReadOnlyWhen(
         ("task.temperature",), lambda c: c.task.kind == "dataset" and c.task.teacher == "kl",

@@ -142,6 +142,7 @@ def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides
         (["model=file", "model.path=m.keras", "model.reference_epochs=5"], "model.reference_epochs=5", "a reference trained here", "model.name='file'"),
         (["task.epochs=3"], "task.epochs=3", "task=dataset", "task.kind='single'"),
         (["task=dataset", "target=pattern", "trainer.steps=50"], "trainer.steps=50", "task=single", "task.kind='dataset'"),
+        (["task=dataset", "target=pattern", "trainer.log_every=5"], "trainer.log_every=5", "task=single", "task.kind='dataset'"),
         (["task=dataset", "target=pattern", "target.label=3"], "target.label=3", "task=single", "task.kind='dataset'"),
         (["task=dataset", "target=pattern", "task.temperature=2"], "task.temperature=2.0", "task.teacher=kl", "task.teacher='mse'"),
         (["task=dataset", "target=pattern", "task.min_agreement=0.9"], "task.min_agreement=0.9", "task.early_stopping=true", "task.early_stopping=False"),
