@@ -344,6 +344,11 @@ def validate(cfg) -> None:
             f"(task=dataset); a single-heatmap run (task.kind={cfg.task.kind!r}) trains one image on one device. "
             "Drop the override (trainer.strategy=none) or switch task (task=dataset)."
         )
+    if cfg.task.classes is not None and len(cfg.task.classes) == 0:
+        raise ConfigError(
+            "Config value task.classes=[] selects no class, so no heatmap would move. Name the classes whose heatmaps "
+            "move (e.g. task.classes=[1]), or leave it null for all of them (task.classes=null)."
+        )
     if cfg.task.kind == "dataset" and not 0 <= cfg.task.success_threshold <= 1:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
     if cfg.target.pattern == "file" and not cfg.target.path:

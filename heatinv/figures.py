@@ -121,7 +121,7 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
     Each row's three heatmaps share one symmetric scale (the largest |value| of its reference
     and target), so the student is drawn on the target's scale; a colour bar per row gives it.
     A panel far below or above that scale is drawn amplified or attenuated by a power of ten,
-    its title saying so (``x100``, ``x0.1``).
+    its own label at its top right saying so (``x100``, ``x0.1``).
 
     Args:
         rows: the examples, one row each (at least one).
@@ -146,7 +146,12 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
         axes[r, 0].set_ylabel(f"class {row.label}\ncos {row.cosine:.3f}", fontsize=9)
         shown = None
         for c, values in enumerate((reference, target, student), start=1):
-            shown, factor = _draw_map(axes[r, c], values, scale, columns[c] if r == 0 else "")
+            shown, factor = _draw_map(axes[r, c], values, scale, "")
+            # The column's name heads the first row; a factor, which is each panel's own, goes to
+            # its panel's right, so that "target (x10)" is not read as the whole column's.
+            axes[r, c].set_title(columns[c] if r == 0 else "", fontsize=10)
+            if factor != 1:
+                axes[r, c].set_title(f"x{factor:g}", loc="right", fontsize=9)
             rescaled |= factor != 1
         fig.colorbar(shown, ax=list(axes[r, 1:]), shrink=0.9)
     if title:

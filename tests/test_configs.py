@@ -293,6 +293,12 @@ def test_out_of_range_value_fails_validate_naming_key(compose_train, override, k
         validate(cfg)
 
 
+def test_an_empty_class_list_is_refused_naming_null(compose_train):
+    """task.classes=[] trained the reference and failed in the figure ("dataset_figure needs at least one row")."""
+    with pytest.raises(ConfigError, match=r"task\.classes=\[\] selects no class.*task\.classes=null"):
+        validate(compose_train("task=dataset", "target=pattern", "task.classes=[]"))
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [

@@ -939,3 +939,12 @@ def test_a_channels_first_max_pooling_has_no_window() -> None:
         layer = L.MaxPooling2D(2, data_format=data_format)
         keras.Sequential([keras.Input((4, 4, 4)), layer])
         assert Pool(layer, "max").window == want
+
+
+def test_a_rule_mapping_with_a_key_its_rule_does_not_take_is_refused() -> None:
+    """{"name": "gamma", "gama": 0.5} ran with gamma 0.25: make_rule drops what a rule does not take."""
+    from heatinv.lrp.composites import resolve
+
+    with pytest.raises(ValueError, match=r"rule 'gamma' takes \['gamma'\].*\['gama'\]"):
+        resolve({"first": "zbox", "dense": {"name": "gamma", "gama": 0.5}, "conv": "zplus"})
+    assert resolve({"dense": {"name": "gamma", "gamma": 0.5}, "conv": "zplus"}, epsilon=1e-6).dense.keywords == {"gamma": 0.5}

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Union
 
-from heatinv.lrp.rules import Rule, make_rule
+from heatinv.lrp.rules import RULES, Rule, make_rule
 
 RuleSpec = Union[str, Mapping]
 
@@ -88,4 +88,12 @@ def _rule(spec: RuleSpec, defaults: Mapping[str, float]) -> Rule:
     if "name" not in params:
         raise ValueError(f"A rule mapping needs a 'name' key, got {dict(spec)!r}.")
     name = params.pop("name")
+    # The composite-wide defaults serve every rule; a key given to this rule must be one it takes.
+    takes = RULES[name][1] if name in RULES else ()
+    unknown = sorted(set(params) - set(takes))
+    if unknown:
+        raise ValueError(
+            f"LRP rule {name!r} takes {list(takes) or 'no parameters'}; the composite gives it {unknown} as well "
+            f"(in {dict(spec)!r}). Check the spelling, or drop the key."
+        )
     return make_rule(name, **{**defaults, **params})
