@@ -65,12 +65,13 @@ class RunInterrupted(Exception):
         self.out, self.completed, self.checkpoint, self.signum = out, completed, checkpoint, signum
         super().__init__(self.resume_with(run_dir_override(out)))
 
+    def stopped(self) -> str:
+        """What happened: the signal, the step, the checkpoint."""
+        return f"{signal.Signals(self.signum).name} received: stopped after step {self.completed} and saved checkpoint {self.checkpoint}."
+
     def resume_with(self, where: str) -> str:
         """The message, with ``where`` (``hydra.run.dir=...``, or a sweep's ``hydra.sweep.dir=...``) in its command."""
-        return (
-            f"{signal.Signals(self.signum).name} received: stopped after step {self.completed} and saved checkpoint "
-            f"{self.checkpoint}. Resume with the same command plus: {where} trainer.resume=true"
-        )
+        return f"{self.stopped()} Resume with the same command plus: {where} trainer.resume=true"
 
 
 class RunFinished(RunDirectoryError):

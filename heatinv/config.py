@@ -437,9 +437,8 @@ def _check_typed_keys_are_read(cfg) -> None:
 
 def _shown(value) -> str:
     """A config value as it is typed on the command line (lists without quotes)."""
-    if hasattr(value, "_content") or isinstance(value, (list, tuple)):
-        return str(OmegaConf.to_container(value) if hasattr(value, "_content") else list(value)).replace("'", "")
-    return str(value)
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return str(list(value)).replace("'", "") if isinstance(value, (list, tuple)) else str(value)
 
 
 def _check_read(cfg, key: str, read: bool, why_not: str, how: str) -> None:

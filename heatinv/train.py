@@ -187,9 +187,8 @@ def _hydra_main(cfg: DictConfig) -> float:
             if "optuna" in str(hydra.sweeper.get("_target_", "")).lower():
                 # Optuna's sweeper numbers its trials from 0 again and asks its sampler anew: a re-run is another search.
                 _error(
-                    f"heatinv: {signal.Signals(interrupted.signum).name} received: stopped after step "
-                    f"{interrupted.completed} and saved checkpoint {interrupted.checkpoint}. An Optuna search is not "
-                    "resumed: run again, it starts new trials, as its sampler proposes anew."
+                    f"heatinv: {interrupted.stopped()} An Optuna search is not resumed: run again, it starts new "
+                    "trials, as its sampler proposes anew."
                 )
             else:
                 sweep = run_dir_override(os.path.abspath(hydra.sweep.dir), "hydra.sweep.dir")
