@@ -7,6 +7,7 @@ rules, finite differences in float64, conservation, and equivalent models built 
 from __future__ import annotations
 
 import contextlib
+import re
 
 import keras
 import numpy as np
@@ -393,10 +394,37 @@ def test_unsupported_keras_op_is_refused():
         relevance(model, np.ones((1, 4), "float32"), 0)
 
 
+@pytest.mark.parametrize(
+    "op, layer",
+    [(lambda x: keras.ops.concatenate([x, x], axis=-1), "keras.layers.Concatenate"), (keras.ops.relu, "Activation('relu')")],
+)
+def test_a_keras_op_with_a_layer_of_its_kind_names_that_layer(op, layer):
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, L.Dense(2)(op(L.Dense(3)(inputs))))
+    with pytest.raises(UnsupportedLayerError, match=re.escape(layer)):
+        LRP(model)
+
+
+def test_an_output_with_more_axes_than_batch_and_classes_is_refused():
+    """A per-timestep Dense gives ``[batch, steps, classes]``: a target per example would select along the steps."""
+    inputs = keras.Input((5, 6))
+    model = keras.Model(inputs, L.Dense(3)(L.Dense(4, activation="relu")(inputs)))
+    for batch in (2, 5):  # at batch 5 the one-hot broadcast along the 5 steps without an error
+        with pytest.raises(UnsupportedLayerError, match=r"\[batch, classes\].* gives \(%d, 5, 3\)" % batch):
+            relevance(model, np.ones((batch, 5, 6), "float32"), 0)
+
+
+def test_pooling_after_the_last_convolution_is_refused_with_the_fix():
+    inputs = keras.Input((6, 6, 1))
+    model = keras.Model(inputs, L.GlobalAveragePooling2D(name="gap")(L.Conv2D(3, 1)(inputs)))
+    with pytest.raises(UnsupportedLayerError, match=r"'gap' .*ends the model.*keras.layers.Dense\(classes\)"):
+        LRP(model)
+
+
 def test_two_inputs_are_refused():
     a, b = keras.Input((3,)), keras.Input((3,))
     model = keras.Model([a, b], L.Dense(2)(L.Add()([a, b])))
-    with pytest.raises(UnsupportedLayerError, match="2 inputs and 1 outputs"):
+    with pytest.raises(UnsupportedLayerError, match="2 inputs and 1 output;"):
         LRP(model)
 
 
@@ -615,7 +643,7 @@ def test_skipping_the_rectified_terms_changes_neither_heatmap_nor_gradients(name
     def map_and_gradients():
         lrp = LRP(model, "epsilon_gamma_box")
         with tf.GradientTape() as tape:
-            heatmap = lrp(x, [0, 2])
+            heatmap = lrp(x, [0, model.outputs[0].shape[-1] - 1])  # the first and the last class
             loss = tf.reduce_sum(tf.square(heatmap - target_map))
         return [heatmap, *tape.gradient(loss, model.trainable_variables)]
 

@@ -265,6 +265,14 @@ def test_target_forms_agree(target, rng):
     np.testing.assert_array_equal(relevance(model, x, target), relevance(model, x, 1))  # the same ops: measured equal
 
 
+@pytest.mark.parametrize("target", [3, [0, 3], np.array([0, 3]), tf.constant([0, 3]), tf.constant(-1)])
+def test_a_target_out_of_range_is_refused_in_every_form(target):
+    """``tf.one_hot`` turns an index out of range into a row of zeros: an all-zero heatmap, silently."""
+    model = dense_model()  # 3 classes
+    with pytest.raises(ValueError, match="out of range for a model with 3 classes"):
+        relevance(model, np.ones((2, 6), "float32"), target)
+
+
 def test_unsupported_layer_names_layer_class_and_supported_list():
     model = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="norm_me"), keras.layers.Dense(2)]

@@ -16,7 +16,6 @@ eagerly, inside ``tf.function`` and with ``jit_compile=True``.
 from __future__ import annotations
 
 import copy
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -109,6 +108,7 @@ class LRP:
         """This explainer's rules on another model of the same layers, e.g. its float64 copy.
 
         Example:
+        >>> from heatinv.models import in_float64
         >>> lrp64 = LRP(model).on(in_float64(model))  # doctest: +SKIP
         """
         other = copy.copy(self)
@@ -190,13 +190,27 @@ def _as_input(x, model: keras.Model) -> tf.Tensor:
 
 
 def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
-    """A ``[batch, classes]`` selector from an int, an int vector or a one-hot matrix."""
+    """A ``[batch, classes]`` selector from an int, an int vector or a one-hot matrix.
+
+    Raises:
+        UnsupportedLayerError: the logits are not ``[batch, classes]`` (a per-timestep or
+            per-pixel output).
+        ValueError: a target index out of range, where its value is known when tracing (a
+            number, a list, an array, an eager or constant tensor); a computed index inside
+            ``tf.function`` is not checked, and one out of range selects nothing.
+    """
+    if logits.shape.rank != 2:
+        raise UnsupportedLayerError(
+            f"heatinv explains one score per class and example, from logits of shape [batch, classes]; this "
+            f"model's last Dense/Conv layer gives {tuple(logits.shape)} (None = any). Reduce the other axes "
+            "before it (Flatten or GlobalAveragePooling, then keras.layers.Dense(classes))."
+        )
     classes = logits.shape[-1]
-    if isinstance(target, numbers.Integral) or (isinstance(target, np.ndarray) and target.dtype.kind in "iu"):
-        values = np.asarray(target)
-        if values.size and (values.min() < 0 or values.max() >= classes):
-            raise ValueError(f"target {values.tolist()} is out of range for a model with {classes} classes.")
     target = tf.convert_to_tensor(target)
+    if target.dtype.is_integer:
+        values = tf.get_static_value(target)
+        if values is not None and np.size(values) and (np.min(values) < 0 or np.max(values) >= classes):
+            raise ValueError(f"target {np.asarray(values).tolist()} is out of range for a model with {classes} classes.")
     batch = logits.shape[0]
     if target.dtype.is_integer:
         if target.shape.rank == 0:

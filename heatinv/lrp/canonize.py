@@ -581,11 +581,7 @@ def canonize(model: keras.Model) -> list[Step]:
             gates = _gates(steps, sources) if kind == "multiply" else ()
             steps.append(Merge(layer, kind, sources, gates, call.arguments))
         else:
-            what = "layer" if isinstance(layer, keras.layers.Layer) else "Keras op"
-            raise UnsupportedLayerError(
-                f"{what.capitalize()} {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv. "
-                f"Supported layers: {SUPPORTED}."
-            )
+            raise UnsupportedLayerError(_no_rule(layer))
         step_of[index] = len(steps) - 1
     if not any(isinstance(step, Linear) for step in steps):
         raise UnsupportedLayerError(f"Model {model.name!r} has no Dense or Conv layer to explain.")
@@ -596,6 +592,36 @@ def canonize(model: keras.Model) -> list[Step]:
             "inference mode; remove it from the end of the model."
         )
     return steps
+
+
+def _has_rule(cls: type) -> bool:
+    """Whether layers of class ``cls`` become a step (or vanish) in :func:`canonize`."""
+    kinds = (*_DENSE, *_CONV, *_DEPTHWISE, *_SEPARABLE, *_AVERAGE, *_MAX, *_ELEMENTWISE, *_VANISH, *_RESHAPE)
+    return issubclass(cls, (*kinds, *_REARRANGE, *_AFFINE, *_MERGE))
+
+
+def _no_rule(layer) -> str:
+    """Why ``layer`` stops the graph walk, and what to do instead."""
+    name = type(layer).__name__
+    as_layer = getattr(keras.layers, name, None)
+    if not isinstance(layer, keras.layers.Layer) and isinstance(as_layer, type) and _has_rule(as_layer):
+        # keras.ops.concatenate and keras.layers.Concatenate share the class name; only the layer has a rule
+        return (
+            f"Keras op {layer.name!r} ({name}) has no LRP rule in heatinv: written into a model as an op, "
+            f"heatinv cannot see which of its operands is which. Use the layer keras.layers.{name} instead, "
+            "and rebuild the model."
+        )
+    if not isinstance(layer, keras.layers.Layer) and hasattr(keras.activations, name.lower()):
+        return (
+            f"Keras op {layer.name!r} ({name}) has no LRP rule in heatinv. Use the layer "
+            f"keras.layers.Activation({name.lower()!r}) instead, and rebuild the model."
+        )
+    what = "Layer" if isinstance(layer, keras.layers.Layer) else "Keras op"
+    return (
+        f"{what} {layer.name!r} of class {name} has no LRP rule in heatinv, so the model cannot be explained "
+        "through it. Rebuild the model from supported layers, apply a preprocessing layer to the data "
+        f"before the model, or explain the part after it as a model of its own. Supported layers: {SUPPORTED}."
+    )
 
 
 def _foldable(step: Step) -> bool:

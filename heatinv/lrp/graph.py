@@ -92,8 +92,10 @@ def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
         )
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise UnsupportedLayerError(
-            f"Model {model.name!r} has {len(model.inputs)} inputs and {len(model.outputs)} outputs; "
-            "heatinv explains models with one input and one output."
+            f"Model {model.name!r} has {_count(len(model.inputs), 'input')} and {_count(len(model.outputs), 'output')}; "
+            "heatinv explains models with one input and one output. Explain one output at a time, "
+            "keras.Model(model.inputs, model.outputs[k]), and give a model of several inputs as one "
+            "(concatenate them before the model, split them inside it)."
         )
     produced = {id(model.inputs[0]): source}
     for depth in sorted(model._nodes_by_depth, reverse=True):
@@ -116,3 +118,7 @@ def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
                 index = len(calls) - 1
             produced[id(node.outputs[0])] = index
     return produced[id(model.outputs[0])]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

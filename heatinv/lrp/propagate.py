@@ -116,10 +116,11 @@ def logit_step(steps: list[Step]) -> int:
     if isinstance(steps[linear], Linear) and (linear == index or steps[linear].activation is None):
         return index
     step = steps[index]
-    raise ValueError(
+    raise UnsupportedLayerError(
         f"Layer {step.name!r} ({type(step.layer).__name__}) ends the model after its last Dense/Conv "
         "layer; heatinv starts relevance at that layer's output, so only activations (and a "
-        "Flatten/Reshape of a layer without activation) may follow it."
+        "Flatten/Reshape of a layer without activation) may follow it. Add a Dense layer with one "
+        "output per class, keras.layers.Dense(classes), after it: the explained score is a class's logit."
     )
 
 
