@@ -490,6 +490,13 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
     return model
 
 
+def _in_float64(layer):
+    """A float64 copy of a layer; a Keras op written into the model (``x * 2.0``) has no weights or dtype to change."""
+    if not isinstance(layer, keras.layers.Layer):
+        return layer
+    return layer.__class__.from_config({**layer.get_config(), "dtype": "float64"})
+
+
 def in_float64(model: keras.Model) -> keras.Model:
     """The same model with float64 inputs, variables and arithmetic, and the same weights.
 
@@ -504,7 +511,7 @@ def in_float64(model: keras.Model) -> keras.Model:
     clone = keras.models.clone_model(
         model,
         input_tensors=keras.Input(model.inputs[0].shape[1:], dtype="float64"),
-        clone_function=lambda layer: layer.__class__.from_config({**layer.get_config(), "dtype": "float64"}),
+        clone_function=_in_float64,
     )
     clone.set_weights(model.get_weights())
     return clone

@@ -438,3 +438,105 @@ def test_doctor_reads_each_layers_own_output_in_a_graph():
     gate.kernel.assign(np.full(gate.kernel.shape, np.nan, "float32"))
     findings = diagnose(model, x, np.array([0, 1]), objective)
     assert codes(findings) == ["non-finite"] and findings[0].layer == "gate"
+
+
+def test_a_dead_output_is_not_reported_for_the_logit_it_hides(image):
+    """The logit sits before the final ReLU: dead outputs do not stop its gradient."""
+    model = build_model(Architecture(hidden=(32, 16), output_activation="relu"), seed=0)
+    model.layers[-1].bias.assign(tf.fill([10], -100.0))
+    logit = SaliencyObjective(loss="logit")
+    assert max_abs(logit.probe(model, image, 3, tf.float32).gradients) > 0
+    assert diagnose(model, image, 3, logit) == []
+    assert codes(diagnose(model, image, 3, SaliencyObjective())) == ["dead-output"]  # the control: cross-entropy
+
+
+def test_an_infinite_target_is_not_also_a_zero_residual(mlp, image, rng):
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    target[0, 2, 2, 0] = np.inf
+    assert codes(diagnose(mlp, image, 7, HeatmapObjective(target, LRP(mlp)))) == ["non-finite"]
+
+
+def test_an_integer_input_does_not_hide_the_weights_findings(mlp, image, rng):
+    """A heatmap objective differentiates the weights: an integer input is cast, and the checks go on."""
+    first = mlp.layers[1]
+    first.bias.assign(tf.fill(first.bias.shape, -1e5))  # below every a W at inputs up to 255
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    findings = diagnose(mlp, (image * 255).astype("uint8"), 7, HeatmapObjective(target, LRP(mlp)))
+    assert "dead-units" in codes(findings) and "unconnected" not in codes(findings)
+
+
+def test_dead_units_far_below_zero_are_not_sent_to_softplus(mlp, image, rng):
+    first = mlp.layers[1]
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    products = first.kernel.numpy().T @ image.reshape(-1)
+    for bias, smooth in ((-100.0, False), (-0.5 - products.max(), True)):  # largest z: about -100, then -0.5
+        first.bias.assign(tf.fill(first.bias.shape, bias))
+        z = products + bias
+        finding = next(f for f in diagnose(mlp, image, 7, HeatmapObjective(target, LRP(mlp))) if f.code == "dead-units")
+        assert f"largest {z.max():.3g})" in finding.message
+        assert ("model.activation=softplus" in finding.fix) is smooth
+        assert ("bias" in finding.fix) is not smooth
+
+
+@pytest.mark.parametrize("relu", [tf.nn.relu, keras.ops.relu])
+def test_a_relu_given_as_a_function_is_a_relu(image, relu):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation=relu), keras.layers.Dense(10)]
+    )
+    model.layers[1].bias.assign(tf.fill([16], -100.0))
+    assert codes(diagnose(model, image, 3, SaliencyObjective(loss="logit"))) == ["dead-units"]
+
+
+def test_a_keras_op_by_a_constant_has_a_float64_probe(image, rng):
+    """``x * 2.0`` written into a model: the float64 copy keeps the op (its clone raised TypeError)."""
+    inputs = keras.Input((28, 28, 1))
+    hidden = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(10)(hidden * 2.0))
+    objective = HeatmapObjective(rng.normal(0, 0.01, image.shape).astype("float32"), LRP(model))
+    probe32, probe64 = (objective.probe(model, image, 3, dtype) for dtype in (tf.float32, tf.float64))
+    for name, g32 in probe32.gradients.items():
+        np.testing.assert_allclose(probe64.gradients[name], g32, rtol=1e-3, atol=1e-6)  # measured: float32 rounding
+    assert diagnose(model, image, 3, objective) == []
+
+
+def test_the_explanation_objective_differentiates_a_convolution_twice_eagerly(rng):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1)), keras.layers.Conv2D(2, 3, activation="relu"), keras.layers.Flatten(), keras.layers.Dense(3)]
+    )
+    x = rng.uniform(0, 1, (1, 8, 8, 1)).astype("float32")
+    assert codes(diagnose(model, x, 0, ExplanationObjective(np.zeros_like(x)))) == ["piecewise-linear"]
+
+
+def test_a_saturated_softmax_of_logits_is_named_and_float64_is_not_offered(image):
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)
+    model.layers[-1].kernel.assign(model.layers[-1].kernel * 50000.0)
+    winner = int(np.argmax(model(image)))
+    objective = SaliencyObjective()  # a linear output: the cross-entropy from logits
+    assert max_abs(objective.probe(model, image, winner, tf.float32).gradients) == 0.0
+    findings = diagnose(model, image, winner, objective)
+    assert codes(findings) == ["softmax-saturated"] and "loss='logit'" in findings[0].fix
+    assert diagnose(model, image, winner, SaliencyObjective(loss="logit")) == []
+
+
+def test_an_unknown_saliency_loss_is_refused():
+    with pytest.raises(ValueError, match="'crossentropy' or 'logit', got 'logits'"):
+        SaliencyObjective(loss="logits")
+
+
+def test_a_float16_model_is_checked_for_what_float16_rounds_away(image):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((28, 28, 1), dtype="float16"), keras.layers.Flatten(dtype="float16")]
+        + [keras.layers.Dense(n, activation="relu", dtype="float16") for n in (64, 32)]
+        + [keras.layers.Dense(10, dtype="float16")]
+    )
+    model.set_weights([w * np.float16(0.002) for w in model.get_weights()])
+    x = tf.constant(image, tf.float16)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        score = tf.reduce_sum(model(x)[:, 3])
+    assert float(tf.reduce_max(tf.abs(tape.gradient(score, x)))) == 0.0  # what the user sees in float16
+    findings = diagnose(model, image, 3, SaliencyObjective(loss="logit"))
+    assert codes(findings) == ["underflow"] and "computes in float16" in findings[0].message

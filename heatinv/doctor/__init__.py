@@ -48,9 +48,10 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     Returns:
         A list of :class:`Finding`; empty when gradients flow.
     """
-    findings = checks.integer_input(x)
-    if findings:
-        return findings
+    if objective.wrt == "input":  # an objective of the weights casts the input itself
+        findings = checks.integer_input(x)
+        if findings:
+            return findings
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}.")
     steps = canonize(model)
@@ -70,8 +71,11 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     # A zero residual is exact only at the working precision: in float64 the target's own
     # rounding reappears as a residual, which is not an underflow.
     # Non-finite values make the float32/float64 comparison unknown.
-    if precision == "float32" and not any(f.code in ("zero-residual", "non-finite") for f in findings):
+    # A saturated softmax has float64 gradients as small as its probabilities: float64 is no fix.
+    if precision == "float32" and not any(f.code in ("zero-residual", "non-finite", "softmax-saturated") for f in findings):
         findings += checks.underflow(probe, objective.probe(model, x, label, tf.float64))
+    if _computes_in_float16(steps, x):  # probed in float32: what float16 would round away is measured here
+        findings += checks.float16_underflow(probe if precision == "float32" else objective.probe(model, x, label, tf.float32))
     if not findings and checks.all_zero(probe):
         findings.append(
             Finding(
@@ -83,3 +87,11 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
             )
         )
     return findings
+
+
+def _computes_in_float16(steps, x) -> bool:
+    """Whether a layer computes in float16 (a float16 or mixed_float16 policy) or ``x`` is float16."""
+    given = getattr(x, "dtype", None)
+    if given is not None and tf.as_dtype(given) == tf.float16:
+        return True
+    return any(getattr(step.layer, "compute_dtype", None) == "float16" for step in steps)

@@ -22,12 +22,19 @@ DEAD_UNITS_FRACTION = 0.9
 KERAS_PROBABILITY_CLIP = 1e-7
 """Keras's cross-entropy clips probabilities to [eps, 1 - eps] with this eps."""
 
+FAR_BELOW_ZERO = -2.0
+"""Dead units whose largest ReLU input is below this are past reviving with a smooth activation."""
+
 VANISHED_SIGNAL_RATIO = 1e-6
 """A forward signal has vanished where a layer's mean |z| is below this share of the first layer's."""
 
 
+_RELU_FUNCTIONS = (keras.activations.relu, keras.ops.relu, tf.nn.relu)
+"""The ReLU as a Keras activation, a Keras op or a TensorFlow function (``activation=tf.nn.relu``)."""
+
+
 def _relu_like(fn) -> bool:
-    return fn is keras.activations.relu
+    return any(fn is relu for relu in _RELU_FUNCTIONS)
 
 
 def _followed_by_relu(steps, i: int) -> bool:
@@ -205,8 +212,8 @@ def zero_residual(objective, probe: Probe) -> list[Finding]:
     target = np.asarray(objective.target, np.float64)
     residual = float(np.max(np.abs(probe.heatmap.numpy().astype(np.float64) - target)))
     scale = float(np.max(np.abs(target))) or 1.0
-    # A NaN residual is unknown, not zero: "not (residual <= tolerance)" keeps it out.
-    if not residual <= 1e-6 * scale:
+    # A NaN residual is unknown, not zero, and an Inf target's peak makes every residual "small".
+    if not (np.isfinite(scale) and residual <= 1e-6 * scale):
         return []
     return [
         Finding(
@@ -247,6 +254,8 @@ def dead_output(objective, steps, probe: Probe, label) -> list[Finding]:
                 "with a linear output: model.output_activation=linear.",
             )
         ]
+    if not (isinstance(objective, SaliencyObjective) and objective.loss == "crossentropy"):
+        return []  # the logit and a gradient explanation are read before the final ReLU
     dead = np.all(logits <= 0, axis=-1)
     if not dead.any():
         return []
@@ -279,22 +288,36 @@ def dead_units(steps, probe: Probe) -> list[Finding]:
             if fraction == 1.0
             else f"gradients reach the layers below only through the other {int((~inactive).sum())}"
         )
+        largest = float(tf.reduce_max(tf.boolean_mask(units, inactive, axis=1)))
+        if largest < FAR_BELOW_ZERO:
+            fix = (
+                f"Their inputs are far below 0, where a smooth activation's slope (softplus with beta 10: "
+                f"sigmoid(10 z) < {_fmt(1 / (1 + np.exp(-10 * FAR_BELOW_ZERO)))}) is about 0 too: re-initialize "
+                f"{step.name}'s bias (to 0, say: layer.bias.assign(tf.zeros_like(layer.bias)), or its "
+                "bias_initializer) or start from other weights."
+            )
+        else:
+            fix = (
+                "Start elsewhere (another trainer.seed, or init=reference), lower optimizer.lr, or use a smooth "
+                "activation: model.activation=softplus model.beta=10."
+            )
         findings.append(
             Finding(
                 "dead-units",
                 step.name,
-                f"{what} of the {inactive.size} units of {step.name} are inactive (ReLU input <= 0) for every "
-                f"input in the batch; {consequence}.",
-                "Start elsewhere (another trainer.seed, or init=reference), lower optimizer.lr, or use a smooth "
-                "activation: model.activation=softplus model.beta=10.",
+                f"{what} of the {inactive.size} units of {step.name} are inactive (ReLU input <= 0, largest "
+                f"{_fmt(largest)}) for every input in the batch; {consequence}.",
+                fix,
             )
         )
     return findings
 
 
 def softmax_saturated(objective, steps, probe: Probe) -> list[Finding]:
-    if not isinstance(objective, SaliencyObjective) or objective.loss != "crossentropy" or not ends_in_softmax(steps):
+    if not isinstance(objective, SaliencyObjective) or objective.loss != "crossentropy":
         return []
+    if not ends_in_softmax(steps):
+        return _softmax_of_logits_saturated(probe)
     p = probe.fwd.outputs.numpy()
     top = p.max(axis=-1)
     saturated = (1.0 - top) <= KERAS_PROBABILITY_CLIP
@@ -316,6 +339,34 @@ def softmax_saturated(objective, steps, probe: Probe) -> list[Finding]:
             "Differentiate the logit (the class's pre-softmax score) instead of a loss of its probability; "
             "where a loss is needed, compute it from logits with from_logits=True so no clip cuts it to 0. "
             "In heatinv, lrp.output=logit explains the logit. float64 does not help: the clip is in the loss.",
+        )
+    ]
+
+
+def _softmax_of_logits_saturated(probe: Probe) -> list[Finding]:
+    """Cross-entropy from logits: its gradient ``p - y`` is exactly 0 where the softmax rounds to one-hot."""
+    if not all_zero(probe):
+        return []
+    logits = probe.fwd.logits.numpy().astype(np.float64)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    rest = 1.0 - p.max(axis=-1)
+    saturated = rest < np.finfo(probe.dtype.as_numpy_dtype).eps
+    if not saturated.any():
+        return []
+    gap = np.sort(logits, axis=-1)
+    gap = gap[:, -1] - gap[:, -2]
+    return [
+        Finding(
+            "softmax-saturated",
+            None,
+            f"The softmax of the logits is one-hot in {probe.dtype.name} for {int(saturated.sum())} of "
+            f"{len(rest)} inputs (the top logit leads the next by {_fmt(float(gap[saturated].min()))}; the other "
+            f"probabilities sum to {_fmt(float(rest[saturated].max()))} in float64): the cross-entropy's gradient "
+            "from logits, p - y, is that small, and exactly 0 here.",
+            "Differentiate the logit (the class's pre-softmax score) instead of the cross-entropy: "
+            "SaliencyObjective(loss='logit'); in heatinv, lrp.output=logit explains the logit. float64 gives "
+            "gradients only as large as those probabilities.",
         )
     ]
 
@@ -362,6 +413,33 @@ def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
         )
         for name, lost, alive, largest in lost_by_name
     ]
+
+
+def float16_underflow(probe32: Probe) -> list[Finding]:
+    """Gradients of a float16 model, measured on its float32 copy, that float16 rounds to 0."""
+    zero_in_float16 = 2.0**-25  # half float16's smallest subnormal: anything smaller rounds to 0
+    findings = []
+    for name, g in probe32.gradients.items():
+        if g is None:
+            continue
+        g = np.abs(g.numpy().astype(np.float64))
+        alive = g != 0
+        lost = alive & (g < zero_in_float16)
+        if not alive.any() or lost.sum() < 0.5 * alive.sum():
+            continue
+        findings.append(
+            Finding(
+                "underflow",
+                name,
+                f"{int(lost.sum())} of the {int(alive.sum())} non-zero gradient entries of {name} are below "
+                f"{zero_in_float16:.3g} (largest of them {_fmt(float(g[lost].max()))}) in the float32 copy the doctor "
+                "differentiates: the model computes in float16, where they round to exactly 0.",
+                "Compute in float32 (keras.config.set_dtype_policy('float32') before building the model), or keep "
+                "float16 with loss scaling, keras.optimizers.LossScaleOptimizer, which scales the loss up so its "
+                "gradients stay within float16's range.",
+            )
+        )
+    return findings
 
 
 def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:

@@ -9,7 +9,7 @@ CODES = {
     "dead-output": "the target class's output is zero behind a final ReLU, so no relevance enters",
     "dead-units": "a layer's units are inactive for the whole batch",
     "softmax-saturated": "a probability rounds to 1 (or 0), so the loss's gradient through the softmax vanishes",
-    "underflow": "gradients are zero in float32 but not in float64",
+    "underflow": "gradients are zero in float32 but not in float64 (or, for a float16 model, too small for float16)",
     "unconnected": "a variable or the input has no path to the loss",
     "nan-division": "LRP-0 divides by z = 0 (0/0): no relevance and no gradient through those units",
     "non-finite": "NaN or Inf, reported where it first appears (input, a layer's output, heatmap, target, residual, loss or a gradient)",

@@ -87,6 +87,10 @@ class SaliencyObjective:
 
     wrt = "input"
 
+    def __post_init__(self) -> None:
+        if self.loss not in ("crossentropy", "logit"):
+            raise ValueError(f"SaliencyObjective's loss must be 'crossentropy' or 'logit', got {self.loss!r}.")
+
     def probe(self, model: keras.Model, x, label, dtype: tf.DType) -> Probe:
         steps = canonize(model)
         x = tf.cast(x, dtype)

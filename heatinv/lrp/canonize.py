@@ -48,6 +48,10 @@ SUPPORTED = (
     "constant (+, -, *, /) or between two tensors (+, -, *)"
 )
 
+_CHANNELS_LAST = {3: "NWC", 4: "NHWC"}
+"""Named, not left to the default: an eager tape records only the attributes given, and the
+gradient of a convolution's gradient reads ``data_format`` (None otherwise: an AttributeError)."""
+
 _DENSE = (keras.layers.Dense,)
 _CONV = (keras.layers.Conv1D, keras.layers.Conv2D)
 _DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
@@ -191,7 +195,7 @@ class Linear:
         elif self.map == "depthwise":
             z = self._depthwise(x, kernel)
         elif self.part == "pointwise":
-            z = tf.nn.convolution(x, kernel, padding="VALID")
+            z = tf.nn.convolution(x, kernel, padding="VALID", data_format=_CHANNELS_LAST[x.shape.rank])
         else:
             groups = getattr(self.layer, "groups", 1)
             pieces = zip(_split_channels(x, groups), tf.split(kernel, groups, axis=-1))
@@ -221,7 +225,8 @@ class Linear:
     def _convolve(self, x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
         layer = self.layer
         return tf.nn.convolution(
-            x, kernel, strides=list(layer.strides), padding=layer.padding.upper(), dilations=list(layer.dilation_rate)
+            x, kernel, strides=list(layer.strides), padding=layer.padding.upper(), dilations=list(layer.dilation_rate),
+            data_format=_CHANNELS_LAST[x.shape.rank],
         )
 
     def _convolve_transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
