@@ -540,3 +540,14 @@ def test_a_float16_model_is_checked_for_what_float16_rounds_away(image):
     assert float(tf.reduce_max(tf.abs(tape.gradient(score, x)))) == 0.0  # what the user sees in float16
     findings = diagnose(model, image, 3, SaliencyObjective(loss="logit"))
     assert codes(findings) == ["underflow"] and "computes in float16" in findings[0].message
+
+
+def test_mismatched_inputs_to_diagnose_are_named(mlp, image, rng):
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    with pytest.raises(ValueError, match=r"Input of shape \(1, 28, 28\) does not fit model"):
+        diagnose(mlp, image[..., 0], 3, SaliencyObjective())
+    with pytest.raises(ValueError, match=r"target has shape \(1, 28\) and the heatmap \(1, 28, 28, 1\)"):
+        diagnose(mlp, image, 3, HeatmapObjective(target[:, 0, :, 0], LRP(mlp)))
+    other = build_model(Architecture(hidden=(32, 16)), seed=1)
+    with pytest.raises(ValueError, match="explainer is bound to model .*Build it with LRP\\(model\\)"):
+        diagnose(mlp, image, 3, HeatmapObjective(target, LRP(other)))

@@ -20,6 +20,7 @@ import tensorflow as tf  # noqa: E402
 from heatinv.doctor import checks
 from heatinv.doctor.findings import CODES, Finding, format_report
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, SaliencyObjective
+from heatinv.lrp import model_input
 from heatinv.lrp.canonize import canonize
 
 __all__ = [
@@ -54,6 +55,13 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
             return findings
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}.")
+    model_input(tf.cast(x, tf.float32), model)  # the shape; an integer input was named above or is cast
+    explainer = getattr(objective, "explainer", None)
+    if explainer is not None and explainer.model is not model:
+        raise ValueError(
+            f"The objective's explainer is bound to model {explainer.model.name!r}, not to the diagnosed model "
+            f"{model.name!r}: its heatmap would not depend on this model's weights. Build it with LRP(model)."
+        )
     steps = canonize(model)
     probe = objective.probe(model, x, label, tf.as_dtype(precision))
     findings = (

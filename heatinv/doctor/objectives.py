@@ -67,10 +67,24 @@ class HeatmapObjective:
         loss_fn = heatmap_loss(self.loss, self.delta, self.normalize)
         with tf.GradientTape() as tape:
             explanation = explainer.explain(x, label)
+            _check_broadcasts(np.shape(self.target), tuple(explanation.relevance.shape))
             loss = loss_fn(explanation.relevance, tf.cast(self.target, dtype))
         gradients = tape.gradient(loss, variables)
         names = [variable_tag(v) for v in variables]
         return Probe(float(loss), _gradients_by_name(names, gradients), forward(explainer.steps, x), explanation.relevance, dtype)
+
+
+def _check_broadcasts(target: tuple, heatmap: tuple) -> None:
+    """A target of the heatmap's shape, or one that broadcasts to it (one channel for all)."""
+    try:
+        fits = np.broadcast_shapes(target, heatmap) == heatmap
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"The objective's target has shape {target} and the heatmap {heatmap}: give one target value per "
+            "heatmap value (a target of one channel is used for every channel)."
+        )
 
 
 @dataclass

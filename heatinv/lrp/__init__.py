@@ -39,6 +39,7 @@ __all__ = [
     "canonize",
     "fold_batch_norm",
     "make_rule",
+    "model_input",
     "relevance",
     "resolve",
     "stabilize",
@@ -123,7 +124,7 @@ class LRP:
 
     def explain(self, x, target) -> Explanation:
         """The heatmap together with logits, outputs and the explained score."""
-        x = _as_input(x, self.model)
+        x = model_input(x, self.model)
         fwd = forward(self.steps, x)
         mask = target_mask(target, fwd.logits)
         if self.output == "logit":
@@ -170,7 +171,13 @@ def relevance(
     return lrp(x, target)
 
 
-def _as_input(x, model: keras.Model) -> tf.Tensor:
+def model_input(x, model: keras.Model) -> tf.Tensor:
+    """``x`` as a tensor, checked to be a floating batch of the model's input shape.
+
+    Example:
+    >>> model_input(np.ones((2, 4), "float32"), keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])).shape
+    TensorShape([2, 4])
+    """
     x = tf.convert_to_tensor(x)
     if not x.dtype.is_floating:
         raise TypeError(
