@@ -290,8 +290,10 @@ def with_input_shape(model: keras.Model, input_shape: tuple[int, ...]) -> keras.
     """
     if tuple(model.inputs[0].shape[1:]) == tuple(input_shape):
         return model
-    # in the structure of model.input: a model saved as keras.Model([x], y) wants a list
-    inputs = keras.tree.map_structure(lambda x: keras.Input(shape=input_shape, dtype=x.dtype), model.input)
+    # in the structure of model.input: a model saved as keras.Model([x], y) wants a list. A loaded
+    # Sequential has inputs but no model.input (it "has never been called"), and wants one tensor.
+    structure = model.inputs[0] if isinstance(model, keras.Sequential) else model.input
+    inputs = keras.tree.map_structure(lambda x: keras.Input(shape=input_shape, dtype=x.dtype), structure)
     clone = keras.models.clone_model(model, input_tensors=inputs)
     clone.set_weights(model.get_weights())
     return clone

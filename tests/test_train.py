@@ -394,6 +394,20 @@ def test_model_file_with_open_sizes_and_a_list_of_one_input(tmp_path):
     np.testing.assert_array_equal(built([x]), saved([x]))
 
 
+def test_a_saved_sequential_model_with_open_sizes_is_built_for_the_data(tmp_path):
+    """A loaded Sequential has ``inputs`` but no ``input`` ("has never been called"): it raised AttributeError."""
+    from heatinv.models import with_input_shape
+
+    keras.Sequential(
+        [keras.Input((None, None, 1)), keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+    ).save(tmp_path / "open.keras")
+    saved = keras.saving.load_model(tmp_path / "open.keras", safe_mode=True)
+    built = with_input_shape(saved, (28, 28, 1))
+    x = np.random.default_rng(0).random((2, 28, 28, 1)).astype("float32")
+    assert tuple(built.inputs[0].shape) == (None, 28, 28, 1)
+    np.testing.assert_array_equal(built(x), saved(x))
+
+
 def test_model_file_with_softplus_optimizes_a_smoothed_student(tmp_path, cache_dir):
     from heatinv.layers import SoftplusBeta
 
