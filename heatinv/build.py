@@ -64,6 +64,12 @@ class Parts:
     student: keras.Model
 
 
+def _class_list(names, shown: int = 12) -> str:
+    """``0 '0', 1 '1', ...``: the index target.label and task.classes take, and the class's name."""
+    pairs = [f"{i} {name!r}" for i, name in enumerate(names)]
+    return ", ".join(pairs if len(pairs) <= shown else [*pairs[: shown - 1], "...", pairs[-1]])
+
+
 def build_parts(cfg) -> Parts:
     """A fresh Keras state seeded with ``trainer.seed``, the data, the reference and the student.
 
@@ -80,7 +86,7 @@ def build_parts(cfg) -> Parts:
     )
     log.info(
         f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
-        f"shape {dataset.input_shape}, {dataset.num_classes} classes"
+        f"shape {dataset.input_shape}, {dataset.num_classes} classes ({_class_list(dataset.class_names)})"
     )
     default_box_to_data_range(cfg, dataset)
     check_target_fits_data(cfg, dataset)
@@ -89,6 +95,7 @@ def build_parts(cfg) -> Parts:
         check_model_fits(reference, dataset, cfg.model.path)
         reference = with_input_shape(reference, dataset.input_shape)
         reference_acc = accuracy(reference, dataset.x_test, dataset.y_test)
+        _warn_if_no_better_than_guessing(reference_acc, dataset, f"model.path={cfg.model.path}")
         student = keras.models.clone_model(reference)  # fresh initial weights, same architecture
         if cfg.model.activation == "softplus":  # the file's model stays the reference, explained as saved
             student = smoothed(student, cfg.model.beta)
@@ -96,12 +103,34 @@ def build_parts(cfg) -> Parts:
         reference, reference_acc = reference_model(
             architecture(cfg), dataset, cfg.model.reference_epochs, cfg.paths.cache_dir, seed=REFERENCE_SEED, weights=cfg.model.weights
         )
+        if cfg.model.weights:
+            _warn_if_no_better_than_guessing(reference_acc, dataset, f"model.weights={cfg.model.weights}")
         student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape)
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
     if cfg.trainer.precision == "float64":
         student = in_float64(student)
     return Parts(dataset, reference, reference_acc, student)
+
+
+def _warn_if_no_better_than_guessing(acc: float, dataset: Dataset, given: str) -> None:
+    """A model of the user's own that scores no better than always naming the commonest class.
+
+    Its heatmaps explain noise. The usual cause is a range: heatinv gives images in [0, 1],
+    while a Keras model trained on ``image_dataset_from_directory``'s 0-255 pixels carries its
+    own ``Rescaling(1/255)``.
+    """
+    guess = float(np.max(np.bincount(dataset.y_test, minlength=dataset.num_classes))) / len(dataset.y_test)
+    if acc > guess:
+        return
+    log.warning(
+        f"heatinv: the model of {given} classifies {acc:.1%} of the {dataset.name} data's held-out examples right, "
+        f"no better than always naming its commonest class ({guess:.1%}): its heatmaps will explain noise. Was it "
+        f"trained on this data, in this range? Here the inputs range from {np.min(dataset.low):.3g} to "
+        f"{np.max(dataset.high):.3g} (images are scaled to [0, 1]; keras.utils.image_dataset_from_directory gives "
+        "0-255, so a model with its own Rescaling(1/255) sees them 255 times too dark: give such images as an .npz "
+        "of float32 values 0-255, data=npz, which are taken as they are)."
+    )
 
 
 def default_box_to_data_range(cfg, dataset: Dataset) -> None:

@@ -743,7 +743,7 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
     """Loads a CSV table with a header row: numeric feature columns and a label column.
 
     The labels may be any text (`yes`/`no`, `3`, `setosa`); the classes are their sorted
-    distinct values. Split and standardization as in `load_tabular`.
+    distinct values (numbers by value: `2` before `10`). Split and standardization as in `load_tabular`.
 
     Args:
         path: the `.csv` file (`data.path`).
@@ -759,9 +759,12 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
     import csv
 
     file = _existing(path, "data.path", "a .csv file with a header row")
-    with open(file, newline="") as handle:
+    with open(file, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel's "CSV UTF-8" starts with a byte-order mark
         rows = list(csv.reader(handle))
-    header = [h.strip() for h in rows[0]] if rows else []
+    if not any(rows[1:]):
+        has = "is empty" if not rows else f"has a header ({', '.join(rows[0])}) but no rows"
+        raise ValueError(f"heatinv/data.py load_csv: '{file}' (data.path) {has}. Give a table with one row per example.")
+    header = [h.strip() for h in rows[0]]
     if label_column not in header:
         other = next((name for sign, name in ((";", "semicolons"), ("\t", "tabs")) if len(header) == 1 and sign in header[0]), None)
         fix = (
@@ -790,9 +793,18 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
             f"heatinv/data.py load_csv: '{file}' (data.path) line {line} has no label (its {label_column!r} cell, "
             "data.label_column, is empty). Label every row, or drop the unlabelled ones."
         )
-    names = sorted(set(raw))
+    names = sorted(set(raw), key=_label_order(set(raw)))
     y = np.array([names.index(v) for v in raw], np.int64)
     return _standardized_table(x, y, os.path.splitext(os.path.basename(file))[0], tuple(names), tuple(features), test_fraction)
+
+
+def _label_order(labels: set[str]):
+    """Numbers by value (``2`` before ``10``), any other labels as text."""
+    try:
+        values = {label: float(label) for label in labels}
+    except ValueError:
+        return str
+    return lambda label: (values[label], label)
 
 
 def _csv_numbers(file: str, rows: list[list[str]], header: list[str], label_at: int) -> np.ndarray:

@@ -408,6 +408,27 @@ def test_csv_cell_that_is_no_number_is_named(config, tmp_path, cell, fragments):
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv", *fragments)
 
 
+def test_csv_classes_that_are_numbers_are_ordered_by_value(tmp_path):
+    rows = [f"{i % 7},{(i * 3) % 5},{label}" for i, label in enumerate([0, 1, 2, 10, 11] * 8)]
+    (tmp_path / "t.csv").write_text("a,b,grade\n" + "\n".join(rows) + "\n")
+    ds = data.load_csv(str(tmp_path / "t.csv"), "grade")
+    assert ds.class_names == ("0", "1", "2", "10", "11")  # as text: "10" and "11" came before "2"
+
+
+def test_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with U+FEFF: its first header was '\ufeffoutcome'."""
+    rows = "".join(f"{'xy'[i % 2]},{i},{i * i % 7}\n" for i in range(16))
+    (tmp_path / "t.csv").write_bytes(("outcome,a,b\n" + rows).encode("utf-8-sig"))
+    ds = data.load_csv(str(tmp_path / "t.csv"), "outcome")
+    assert ds.class_names == ("x", "y") and ds.feature_names == ("a", "b")
+
+
+@pytest.mark.parametrize(("text", "fragment"), [("", "is empty"), ("a,b,outcome\n", "has a header (a, b, outcome) but no rows")])
+def test_csv_without_rows_says_so(config, tmp_path, text, fragment):
+    (tmp_path / "t.csv").write_text(text)
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv", fragment)
+
+
 def test_csv_row_without_a_label(config, tmp_path):
     (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,\n5,6,x\n7,8,y\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",

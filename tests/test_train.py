@@ -394,6 +394,22 @@ def test_model_file_with_open_sizes_and_a_list_of_one_input(tmp_path):
     np.testing.assert_array_equal(built([x]), saved([x]))
 
 
+def test_a_model_file_no_better_than_guessing_is_warned_about(tmp_path, cache_dir, caplog):
+    """A user's model that scores at chance (trained on 0-255 images, say) explains noise: the log says so."""
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10, kernel_initializer="zeros")])
+    model.save(tmp_path / "blind.keras")  # every logit 0: always class 0
+    cfg = train_config(tmp_path / "out", cache_dir, "model=file", f"model.path={tmp_path / 'blind.keras'}")
+    with caplog.at_level("WARNING", logger="heatinv.build"):
+        build_parts(cfg)
+    assert "no better than always naming its commonest class" in caplog.text and "blind.keras" in caplog.text
+    caplog.clear()
+    trained = build_parts(train_config(tmp_path / "out2", cache_dir))  # the control: the digits reference
+    trained.reference.save(tmp_path / "trained.keras")
+    with caplog.at_level("WARNING", logger="heatinv.build"):
+        build_parts(train_config(tmp_path / "out3", cache_dir, "model=file", f"model.path={tmp_path / 'trained.keras'}"))
+    assert "commonest class" not in caplog.text
+
+
 def test_a_saved_sequential_model_with_open_sizes_is_built_for_the_data(tmp_path):
     """A loaded Sequential has ``inputs`` but no ``input`` ("has never been called"): it raised AttributeError."""
     from heatinv.models import with_input_shape
