@@ -122,7 +122,7 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
             else "It has no checkpoint to continue from (it stopped early, or ran without checkpoints). Replace"
         )
         raise RunDirectoryError(
-            f"Run directory {out} already holds results ({', '.join(found)}). Nothing was changed. {extend} its "
+            f"Run directory {out} already holds results ({', '.join(found)}). Its files were left as they are. {extend} its "
             "results with trainer.overwrite=true, or choose another directory with hydra.run.dir=..."
         )
     if resume and not saved:
@@ -133,10 +133,32 @@ def guard_run_directory(out: str, resume: bool, overwrite: bool) -> None:
         )
     if saved and not (resume or overwrite):
         raise RunDirectoryError(
-            f"Run directory {out} holds the checkpoints of an earlier run ({folder}). Nothing was changed. Continue "
+            f"Run directory {out} holds the checkpoints of an earlier run ({folder}). Its files were left as they are. Continue "
             "it with trainer.resume=true, start over with trainer.overwrite=true, or choose another directory with "
             "hydra.run.dir=..."
         )
+
+
+def check_inputs_outside_run_writes(out: str, inputs: dict[str, str | None]) -> None:
+    """Refuse a run whose results would be written over a file it reads (``model.path=student.keras``
+    in the run directory itself), before anything is read or written.
+
+    Args:
+        out: the run directory.
+        inputs: config key -> the path it names (None where unset).
+    """
+    written = {os.path.realpath(os.path.join(out, name)) for name in RUN_WRITES}
+    for key, path in inputs.items():
+        if not path:
+            continue
+        real = os.path.realpath(os.path.expanduser(str(path)))
+        clash = next((w for w in written if real == w or real.startswith(w + os.sep)), None)
+        if clash:
+            raise RunDirectoryError(
+                f"{key}={path} lies where this run writes its own {os.path.relpath(clash, os.path.realpath(out))} "
+                f"(run directory {out}): the run would replace the file it reads. Choose another directory with "
+                f"hydra.run.dir=..., or move or rename the file."
+            )
 
 
 def clear_run_directory(out: str) -> None:
@@ -289,13 +311,13 @@ def check_resume_step(out: str, completed: int, setting: str, value: int, steps_
     if completed > total:
         raise ResumeError(
             f"trainer.resume=true: the newest checkpoint in {out} is after step {completed}, past the {total} steps "
-            f"that {asked} asks for; a resumed run goes on from its checkpoint, never back. Nothing was changed. "
+            f"that {asked} asks for; a resumed run goes on from its checkpoint, never back. Its files were left as they are. "
             f"Resume with {setting}={-(-completed // steps_each)} or more."
         )
     if completed == total and results_written(out):
         raise RunFinished(
             f"Run directory {out} holds a finished run: its newest checkpoint is after step {completed} of the {total} "
-            f"that {asked} asks for, and its results are written. Nothing was changed. To extend it, resume with "
+            f"that {asked} asks for, and its results are written. Its files were left as they are. To extend it, resume with "
             f"{setting}={value + 1} or more; to start over, use trainer.overwrite=true.",
             out,
         )

@@ -35,6 +35,7 @@ from heatinv.checkpoints import (  # noqa: E402
     RunFinished,
     RunInterrupted,
     check_resumable,
+    check_inputs_outside_run_writes,
     check_resume_step,
     clear_run_directory,
     checkpoint_numbers,
@@ -78,6 +79,7 @@ def run(cfg) -> dict:
         # a start cut short before its first checkpoint wrote (TensorBoard's step-0 events).
         log.info(f"heatinv: trainer.resume=true: {out} holds no checkpoint or result of this job; it starts from step 0")
         cfg.trainer.resume, cfg.trainer.overwrite = False, True
+    check_inputs_outside_run_writes(out, _input_paths(cfg))
     guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     changed = check_resumable(out, cfg) if cfg.trainer.resume else []
     if not cfg.trainer.resume:
@@ -144,6 +146,17 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
     log.info(f"{DONE_MARK}{out} (heatmaps.png, metrics.json, student.keras)")
     log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")
     return metrics
+
+
+def _input_paths(cfg) -> dict[str, str | None]:
+    """The files and folders a run reads, by config key."""
+    return {
+        "data.path": cfg.data.path,
+        "model.path": cfg.model.get("path"),
+        "model.weights": cfg.model.get("weights"),
+        "target.path": cfg.target.get("path"),
+        "target.image": cfg.target.get("image"),
+    }
 
 
 def _started(out: str) -> bool:

@@ -114,3 +114,21 @@ def test_a_resume_lists_the_settings_it_changes_not_its_own_switch(config, tmp_p
     assert check_resumable(out, config("trainer.resume=true", "trainer.log_every=7")) == [
         f"trainer.log_every: {before.trainer.log_every} -> 7"
     ]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_run_never_writes_its_results_over_a_file_it_reads(config, tmp_path, overwrite):
+    """model.path=student.keras in the run directory: with trainer.overwrite=true the trained student replaced it."""
+    import keras
+
+    from conftest import expect
+    from heatinv.checkpoints import RunDirectoryError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mine = run_dir / "student.keras"
+    keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]).save(mine)
+    before = mine.read_bytes()
+    cfg = config("model=file", f"model.path={mine}", f"trainer.overwrite={str(overwrite).lower()}")
+    expect(RunDirectoryError, cfg, f"model.path={mine}", "writes its own student.keras", "hydra.run.dir=")
+    assert mine.read_bytes() == before and sorted(os.listdir(run_dir)) == ["student.keras"]
