@@ -275,8 +275,15 @@ def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:
             f"Model file {path} (model.path) takes inputs of shape {given_in} and gives outputs of shape "
             f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs "
             f"(shape (None, {dataset.num_classes})). Rebuild the model for inputs {dataset.input_shape} and "
-            f"{dataset.num_classes} classes, or choose the data it was made for (data=...)."
+            f"{dataset.num_classes} classes, or choose the data it was made for (data=...){_resize_hint(given_in, dataset)}."
         )
+
+
+def _resize_hint(given_in: tuple, dataset: Dataset) -> str:
+    """For an image folder whose images the model takes at another size: the setting that resizes them."""
+    if not dataset.streamed or len(given_in) != 4 or None in given_in[1:3] or given_in[3] != dataset.input_shape[-1]:
+        return ""
+    return f", or have the folder's images resized to the model's size: data.image_size=[{given_in[1]},{given_in[2]}]"
 
 
 def explainer_for(model: keras.Model, cfg) -> LRP:

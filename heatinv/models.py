@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import warnings
 import zipfile
 from dataclasses import asdict, dataclass
 
@@ -382,7 +383,7 @@ def reference_model(
     """
     if weights is not None:
         model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
-        load_weights_file(model, weights)
+        load_weights_file(model, weights, arch.name)
         return model, accuracy(model, dataset.x_test, dataset.y_test)
     key = {"data": dataset.name, "fingerprint": fingerprint(dataset), "arch": asdict(arch), "epochs": epochs, "seed": seed,
            "recipe": REFERENCE_RECIPE}
@@ -422,8 +423,8 @@ def fingerprint(dataset: Dataset) -> str:
     return digest.hexdigest()
 
 
-def load_weights_file(model: keras.Model, path: str) -> None:
-    """Load a local ``.weights.h5`` into ``model``; the errors name ``model.weights`` and the fix."""
+def load_weights_file(model: keras.Model, path: str, architecture_name: str) -> None:
+    """Load a local ``.weights.h5`` into ``model`` (``model=<architecture_name>``); the errors name ``model.weights`` and the fix."""
     file = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(file) or not file.endswith(".weights.h5"):
         raise FileNotFoundError(
@@ -432,10 +433,12 @@ def load_weights_file(model: keras.Model, path: str) -> None:
             "heatinv never downloads weights."
         )
     try:
-        model.load_weights(file)
+        with warnings.catch_warnings():  # one UserWarning per layer that does not fit: the error below says it once
+            warnings.simplefilter("ignore", UserWarning)
+            model.load_weights(file)
     except Exception as error:  # Keras raises several types; all mean "does not fit"
         raise ValueError(
-            f"Weights file {file} (model.weights) does not fit model={model.name} built for inputs "
+            f"Weights file {file} (model.weights) does not fit model={architecture_name} built for inputs "
             f"{tuple(model.inputs[0].shape)} and {model.outputs[0].shape[-1]} classes: {keras_reason(error)} "
             "Save the weights from a model of the same architecture, input shape and class count."
         ) from error

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -221,10 +222,23 @@ def test_weights_that_do_not_fit_name_the_variable_and_both_shapes(tmp_path):
     path = tmp_path / "wide.weights.h5"
     build_model(Architecture("mlp", hidden=(12,)), seed=1).save_weights(path)
     with pytest.raises(ValueError) as info:
-        load_weights_file(build_model(Architecture("mlp", hidden=(8,)), seed=1), str(path))
+        load_weights_file(build_model(Architecture("mlp", hidden=(8,)), seed=1), str(path), "mlp")
     message = str(info.value)
+    assert "does not fit model=mlp built for" in message
     assert re.search(r"dense_\d/kernel has shape \(784, 8\) in the model and \(784, 12\) in the file\.", message), message
     assert "\n" not in message and "value=[" not in message
+
+
+def test_weights_of_another_architecture_give_one_error_not_a_warning_per_layer(tmp_path):
+    """An application's layers each warned ("Skipping nested container ...", 105 for MobileNetV2) before the error."""
+    path = tmp_path / "conv.weights.h5"
+    keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(), keras.layers.Dense(3)]).save_weights(path)
+    model = build_model(Architecture("mobilenetv2"), 3, seed=1, input_shape=(32, 32, 3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="does not fit model=mobilenetv2 built for inputs"):
+            load_weights_file(model, str(path), "mobilenetv2")
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
 
 
 def test_reference_model_trains_once_then_loads_from_cache(dataset, tmp_path, count_fit, monkeypatch):

@@ -381,6 +381,16 @@ def test_model_file_that_does_not_fit_the_data(config, shapes_npz, tmp_path):
     )
 
 
+def test_a_model_file_for_another_image_size_is_told_the_folder_setting(config, shapes_folder, tmp_path):
+    model = keras.Sequential([keras.Input((24, 20, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.save(tmp_path / "small.keras")
+    expect(
+        ValueError,
+        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/small.keras", "target.label=0"),
+        "small.keras", "(None, 24, 20, 3)", "data.image_size=[24,20]",
+    )
+
+
 def test_csv_without_the_label_column(config, tmp_path):
     (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=label"),
