@@ -173,6 +173,7 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
         )
     shape = dataset.input_shape
     _read_target_files(cfg, dataset)
+    feature_options(cfg, dataset)  # the feature names of a table's target
     entries = int(np.prod(shape[:-1] if dataset.is_image and target.channels == "sum" else shape))
     if target.kind == "suppress" and target.top_k >= entries:
         what = "features" if not dataset.is_image else "pixels" if target.channels == "sum" else "pixel channels"

@@ -470,6 +470,10 @@ def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config,
     expect(ConfigError, config("task=dataset", "target=pattern", "task.classes=[1,12]"), "task.classes=[1, 12]",
            "class 12", "0, 1, 2, 3, 4, 5, 6, 7, 8, 9")
     expect(ConfigError, config("task=dataset", "target=swap", "target.like=12"), "target.like=12", "class 12")
+    # a table's feature names
+    expect(ValueError, config("data=tabular", "target=suppress_feature", "target.feature=height"), "target.feature='height'")
+    expect(ValueError, config("data=tabular", "target=swap_features", "target.feature='mean radius'", "target.like=height"),
+           "target.like='height'")
 
 
 def test_unknown_feature_lists_the_features(config):
