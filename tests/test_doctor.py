@@ -551,3 +551,19 @@ def test_mismatched_inputs_to_diagnose_are_named(mlp, image, rng):
     other = build_model(Architecture(hidden=(32, 16)), seed=1)
     with pytest.raises(ValueError, match="explainer is bound to model .*Build it with LRP\\(model\\)"):
         diagnose(mlp, image, 3, HeatmapObjective(target, LRP(other)))
+
+
+def test_a_score_made_of_biases_is_named_where_the_gradients_are_tiny_not_zero(image, rng):
+    """The last layer's bias carries the logit (its kernel shrunk): the heatmap keeps ~1e-9 of the score."""
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)
+    last = model.layers[-1]
+    last.kernel.assign(last.kernel * 1e-9)
+    last.bias.assign(tf.ones_like(last.bias))
+    objective = HeatmapObjective(rng.normal(0, 0.01, image.shape).astype("float32"), LRP(model, "epsilon"))
+    probe = objective.probe(model, image, 3, tf.float32)
+    kept = abs(float(tf.reduce_sum(probe.heatmap))) / float(probe.score[0])
+    assert 0 < kept < 1e-6 and max_abs(probe.gradients) > 0  # not all-zero: the other checks stay silent
+    findings = diagnose(model, image, 3, objective)
+    assert codes(findings) == ["absorbed-relevance"] and f"at most {kept:.3g} of it" in findings[0].message
+    last.kernel.assign(last.kernel * 1e9)  # the control: the trained-like scale
+    assert diagnose(model, image, 3, objective) == []

@@ -500,6 +500,41 @@ def vanished_signal(steps, probe: Probe) -> list[Finding]:
     ]
 
 
+ABSORBED_FRACTION = 1e-6
+"""A heatmap summing to less than this share of its explained score has lost it on the way down."""
+
+
+def absorbed_relevance(probe: Probe) -> list[Finding]:
+    """An LRP heatmap that keeps almost none of the score that entered: its gradients, though not
+    0, are as small, and the heatmap is about 0 whatever the weights do. Left to the other checks
+    where every gradient is exactly 0."""
+    if probe.heatmap is None or probe.score is None or all_zero(probe):
+        return []
+    score = np.abs(probe.score.numpy().astype(np.float64))
+    kept = np.abs(probe.heatmap.numpy().astype(np.float64).reshape(len(score), -1).sum(axis=1))
+    lost = (score > 0) & (kept < ABSORBED_FRACTION * score)  # NaN compares false: not proven
+    if not lost.any():
+        return []
+    logits = probe.fwd.logits.numpy().astype(np.float64)
+    spread = float(np.max(np.ptp(logits, axis=0))) if len(logits) > 1 else None
+    varies = "" if spread is None else f"; across the batch no logit varies by more than {_fmt(spread)}"
+    return [
+        Finding(
+            "absorbed-relevance",
+            None,
+            f"For {int(lost.sum())} of {len(score)} inputs the heatmap sums to less than {ABSORBED_FRACTION:g} of the "
+            f"explained score (at most {_fmt(float(np.max(kept[lost] / score[lost])))} of it; scores up to "
+            f"{_fmt(float(score[lost].max()))}): the biases and stabilizers absorbed the rest on the way down, so the "
+            f"heatmap and its gradients are about 0{varies}. A score made of biases, not of the input, looks "
+            "like this: a model whose BatchNorm statistics do not fit the data (in inference mode), or one that "
+            "has not learned the data.",
+            "Check the model's accuracy on this data (the log gives the reference's) and explain one trained on it, "
+            "whose BatchNorm layers hold statistics of this data (as training leaves them; or one pass over the data "
+            "with training=True and each BatchNorm's momentum 0); with a large lrp.epsilon, lower it.",
+        )
+    ]
+
+
 def all_zero(probe: Probe) -> bool:
     """Whether every gradient is None or exactly zero (NaN is not zero)."""
     return all(g is None or np.all(g.numpy() == 0) for g in probe.gradients.values())

@@ -15,6 +15,7 @@ CODES = {
     "non-finite": "NaN or Inf, reported where it first appears (input, a layer's output, heatmap, target, residual, loss or a gradient)",
     "piecewise-linear": "the input-derivative of a ReLU network's gradient explanation is zero",
     "vanished-signal": "the forward pass fades out (each layer's z a fraction of the last), so every gradient rounds to zero",
+    "absorbed-relevance": "the heatmap keeps almost none of the explained score (biases absorbed it), so its gradients are about 0",
     "all-zero": "every gradient is exactly zero and none of the causes above was found",
 }
 """Every code the doctor can report, with one line on what it means."""

@@ -30,6 +30,7 @@ class Probe:
         fwd: the forward pass (step inputs, folded parameters, logits, outputs).
         heatmap: the explanation, where the objective has one.
         dtype: the working precision.
+        score: ``[batch]``, the relevance that entered the network (an LRP heatmap's explained score).
     """
 
     loss: float
@@ -37,6 +38,7 @@ class Probe:
     fwd: Forward
     heatmap: tf.Tensor | None
     dtype: tf.DType
+    score: tf.Tensor | None = None
 
 
 def _gradients_by_name(names, gradients) -> dict[str, tf.Tensor | None]:
@@ -71,7 +73,8 @@ class HeatmapObjective:
             loss = loss_fn(explanation.relevance, tf.cast(self.target, dtype))
         gradients = tape.gradient(loss, variables)
         names = [variable_tag(v) for v in variables]
-        return Probe(float(loss), _gradients_by_name(names, gradients), forward(explainer.steps, x), explanation.relevance, dtype)
+        fwd = forward(explainer.steps, x)
+        return Probe(float(loss), _gradients_by_name(names, gradients), fwd, explanation.relevance, dtype, explanation.start)
 
 
 def _check_broadcasts(target: tuple, heatmap: tuple) -> None:
