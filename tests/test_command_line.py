@@ -62,3 +62,4 @@ def test_python_m_heatinv_doctor_prints_the_finding_and_writes_doctor_json(tmp_p
     findings = json.loads((tmp_path / "run" / "doctor.json").read_text())
     assert [f["code"] for f in findings] == ["dead-output"]
     assert not (tmp_path / "run" / "metrics.json").exists()  # the doctor trains nothing
+    assert "dead-output" in (tmp_path / "run" / "doctor.log").read_text()  # not Hydra's __main__.log

@@ -6,6 +6,7 @@ exits 0 when it could diagnose (findings or not), non-zero when it could not run
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,6 +19,8 @@ from heatinv.build import DATASET_EXAMPLES, Parts, build_parts, dataset_problem,
 from heatinv.config import ConfigError, register, validate
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.lrp import UnsupportedLayerError
+
+log = logging.getLogger(__name__)
 
 
 def run_doctor(cfg) -> list:
@@ -42,7 +45,9 @@ def run_doctor(cfg) -> list:
     findings = diagnose(parts.student, x, labels, objective, cfg.trainer.precision)
     os.makedirs(cfg.paths.output_dir, exist_ok=True)
     write_json(os.path.join(cfg.paths.output_dir, "doctor.json"), [f.as_dict() for f in findings])
-    print(format_report(findings, f"{cfg.init.kind} student, {what}"), flush=True)
+    report = format_report(findings, f"{cfg.init.kind} student, {what}")
+    print(report, flush=True)
+    log.info(report, extra={"file_only": True})  # the run's doctor.log keeps it beside doctor.json
     return findings
 
 
@@ -65,11 +70,15 @@ def _hydra_main(cfg: DictConfig) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"heatinv doctor: could not run: {error}", file=sys.stderr, flush=True)
+        log.error(f"heatinv doctor: could not run: {error}", extra={"file_only": True})
         sys.exit(2)
 
 
 def main() -> None:
+    """Console entry point (``python -m heatinv.doctor``); its log is ``doctor.log`` (Hydra names it after the module: ``__main__``)."""
     register()
+    if not any(arg.startswith("hydra.job.name=") for arg in sys.argv[1:]):
+        sys.argv.append("hydra.job.name=doctor")
     _hydra_main()
 
 
