@@ -433,6 +433,11 @@ def load_npz(path: str) -> Dataset:
         if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
             raise _npz_error(file, f"{key} with NaN or infinite values", mnist=False)
         xs[key] = x
+    if xs["x_test"].shape[1:] != xs["x_train"].shape[1:]:
+        raise _npz_error(
+            file, f"x_test with examples of shape {xs['x_test'].shape[1:]} while x_train's are {xs['x_train'].shape[1:]}; "
+            "both splits must hold examples of one shape", mnist=False,
+        )
     ys = {}
     for key, x in (("y_train", xs["x_train"]), ("y_test", xs["x_test"])):
         y = arrays[key]

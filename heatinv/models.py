@@ -241,6 +241,11 @@ def _not_a_model_file(path: str) -> str | None:
             "model=<name> model.weights=<file>.weights.h5, or save the whole model with model.save('<name>.keras')."
         )
     extension = os.path.splitext(path)[1].lower()
+    if extension == ".keras" and zipfile.is_zipfile(path) and "config.json" not in zipfile.ZipFile(path).namelist():
+        return (
+            "is a zip archive without the config.json every .keras file holds (an .npz renamed?). Save the model "
+            "with model.save('<name>.keras') and point model.path at that file."
+        )
     if extension == ".keras" and not zipfile.is_zipfile(path):
         return (
             "is not a .keras archive (a .keras file is a zip archive, and this one is not: a file of another kind, "

@@ -197,6 +197,14 @@ def test_load_model_file_refuses_a_file_that_is_not_a_model(tmp_path):
         load_model_file(str(path))
 
 
+def test_a_zip_archive_that_is_no_keras_model_is_named_so(tmp_path):
+    fake = tmp_path / "arrays.keras"
+    with open(fake, "wb") as handle:
+        np.savez(handle, x=np.zeros(3))  # an .npz is a zip archive too
+    with pytest.raises(ValueError, match=r"arrays.keras \(model.path\) is a zip archive without the config.json"):
+        load_model_file(str(fake))
+
+
 def test_load_model_file_says_what_the_file_is_instead(tmp_path):
     fake = tmp_path / "fake.keras"
     fake.write_text("not a zip archive")

@@ -297,6 +297,13 @@ def test_npz_labels_out_of_range(config, tmp_path):
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/neg.npz"), "neg.npz", "negative label -1")
 
 
+def test_npz_splits_of_different_shapes_name_the_file(config, tmp_path):
+    x, y = draw_shapes(12)
+    np.savez(tmp_path / "odd.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:, :20], y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/odd.npz"), "odd.npz", "(data.path)",
+           "x_test with examples of shape (20, 32, 3) while x_train's are (32, 32, 3)")
+
+
 def test_npz_labels_with_a_gap_are_refused_with_the_renumbering(config, tmp_path):
     x, y = draw_shapes(12)
     gap = np.where(y == 2, 5, y)  # classes 0, 1 and 5: 2, 3 and 4 would be classes without examples
