@@ -153,8 +153,8 @@ def fit_shape(array: np.ndarray, expected_shape: tuple[int, ...], source: str = 
         f"heatinv/maps_io.py: {source} has shape {array.shape}, expected "
         f"{expected_shape}. Accepted are that shape, the same shape with extra "
         f"or missing size-1 axes, or a flat array of {math.prod(expected_shape)} "
-        "values. Save the map at the model's input resolution with a single "
-        "channel (e.g. heatmap[0] of a [1, 28, 28, 1] batch)."
+        f"values. Save it at the model's input resolution, {expected_shape} (e.g. the "
+        f"first entry of a [1, {', '.join(map(str, expected_shape))}] batch)."
     )
 
 

@@ -197,3 +197,9 @@ def test_fit_shape_directly():
     assert maps_io.fit_shape(np.zeros((1, 5, 1)), (5,)).shape == (5,)
     with pytest.raises(ValueError, match="the array has shape"):
         maps_io.fit_shape(np.zeros((2, 3)), (3, 2))
+
+
+def test_a_map_of_another_shape_is_told_the_shape_to_save():
+    """The fix named a single-channel [1, 28, 28, 1] batch whatever the expected shape (an RGB image's, say)."""
+    with pytest.raises(ValueError, match=r"Save it at the model's input resolution, \(24, 24, 3\) \(e\.g\. the first entry of a \[1, 24, 24, 3\] batch\)"):
+        maps_io.fit_shape(np.zeros((28, 28)), (24, 24, 3))
