@@ -63,3 +63,13 @@ def test_python_m_heatinv_doctor_prints_the_finding_and_writes_doctor_json(tmp_p
     assert [f["code"] for f in findings] == ["dead-output"]
     assert not (tmp_path / "run" / "metrics.json").exists()  # the doctor trains nothing
     assert "dead-output" in (tmp_path / "run" / "doctor.log").read_text()  # not Hydra's __main__.log
+
+
+@pytest.mark.parametrize("module", ["train", "doctor"])
+def test_help_says_what_the_command_does_and_how_it_exits(tmp_path, module):
+    done = launch([sys.executable, "-m", f"heatinv.{module}", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"python -m heatinv.{module} [group=option ...]")  # was "__main__ is powered by Hydra."
+    assert "Exit codes: 0 done" in done.stdout and "3 training stopped because every gradient vanished" in done.stdout
+    assert "model: cnn, densenet121" in done.stdout  # Hydra's groups follow
+    assert not (tmp_path / "outputs").exists()  # --help runs nothing
