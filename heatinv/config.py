@@ -8,6 +8,7 @@ config is composed, with Hydra naming the key; values whose range matters are ch
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -195,6 +196,27 @@ class ConfigError(ValueError):
     """A config value outside what heatinv accepts."""
 
 
+OBJECTIVE_WEIGHTS = ("heatmap_weight", "ce_weight", "logit_weight")
+"""The dataset objective's terms' weights (``task.<key>``): each finite and >= 0, not all 0."""
+
+
+def _check_objective_weights(task) -> None:
+    """A negative weight maximizes its term (a negative cross-entropy weight trains the accuracy away), a
+    NaN or Inf one makes every loss non-finite, and all zero leave nothing to optimize."""
+    for key in OBJECTIVE_WEIGHTS:
+        value = task[key]
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(
+                f"Config value task.{key}={value!r} must be a finite weight >= 0 (0 leaves its term out); a negative "
+                f"weight maximizes its term. E.g. task.{key}=1.0."
+            )
+    if not any(task[key] > 0 for key in OBJECTIVE_WEIGHTS):
+        raise ConfigError(
+            f"Config values {', '.join(f'task.{key}=0' for key in OBJECTIVE_WEIGHTS)} leave the dataset objective "
+            "nothing to optimize. Give the heatmap term a weight, e.g. task.heatmap_weight=1.0."
+        )
+
+
 log = logging.getLogger(__name__)
 
 
@@ -320,6 +342,8 @@ def validate(cfg) -> None:
     for key in ("trainer.checkpoint_every", "trainer.checkpoint_seconds", "trainer.max_nonfinite"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
+    if cfg.task.kind == "dataset":
+        _check_objective_weights(cfg.task)
     if cfg.trainer.resume and cfg.trainer.overwrite:
         raise ConfigError(
             "Config values trainer.resume=true and trainer.overwrite=true contradict each other: resume continues "

@@ -54,7 +54,15 @@ class GradientsVanished(RuntimeError):
     def __init__(self, step: int, findings: list[Finding], why: str | None = None):
         self.step, self.findings = step, findings
         when = why or ("before the first update" if step == 0 else f"every gradient of step {step} is zero")
-        super().__init__(format_report(findings, when))
+        if findings:
+            super().__init__(format_report(findings, when))
+        else:  # a clean bill beside a stop would contradict it
+            super().__init__(
+                f"heatinv doctor: {when}\nDifferentiated again outside the compiled step, on the examples it probes, "
+                "the objective's gradients are non-zero and finite: no cause the doctor knows. Look at the run's "
+                "learning rate and loss weights (a step that overflows makes NaN), and at the examples the step saw; "
+                "please report the case if neither explains it."
+            )
 
 
 @dataclass

@@ -293,6 +293,20 @@ def test_out_of_range_value_fails_validate_naming_key(compose_train, override, k
         validate(cfg)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["task.ce_weight=-1"], r"task\.ce_weight=-1\.0 must be a finite weight >= 0"),  # trained the accuracy away
+        (["task.heatmap_weight=nan"], r"task\.heatmap_weight=nan must be a finite weight"),
+        (["task.logit_weight=inf"], r"task\.logit_weight=inf must be a finite weight"),
+        (["task.heatmap_weight=0", "task.ce_weight=0"], r"nothing to optimize.*task\.heatmap_weight=1\.0"),
+    ],
+)
+def test_the_dataset_objectives_weights_are_finite_non_negative_and_not_all_zero(compose_train, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_train("task=dataset", "target=pattern", *overrides))
+
+
 def test_an_empty_class_list_is_refused_naming_null(compose_train):
     """task.classes=[] trained the reference and failed in the figure ("dataset_figure needs at least one row")."""
     with pytest.raises(ConfigError, match=r"task\.classes=\[\] selects no class.*task\.classes=null"):
