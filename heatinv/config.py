@@ -435,7 +435,7 @@ def unread_keys(cfg, overrides: list[str]) -> list[str]:
     for entry in READ_ONLY_WHEN:
         for key in entry.keys:
             if key in typed and not entry.when(cfg):
-                has = " and ".join(f"{on}={_get(cfg, on)!r}" for on in entry.on)
+                has = " and ".join(f"{on}={_typed(_get(cfg, on))}" for on in entry.on)
                 sentences.append(f"{key}={_shown(_get(cfg, key))} is read only with {entry.by}, and this run has {has}")
     return sentences
 
@@ -457,6 +457,11 @@ def _check_typed_keys_are_read(cfg) -> None:
             "Pick the choice that reads it on the same command line, or drop the key."
             + (f" Also: {'; '.join(unread[1:])}." if unread[1:] else "")
         )
+
+
+def _typed(value) -> str:
+    """A choice as the command line types it: booleans lowercase, text quoted (``loss.name='mse'``)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def _shown(value) -> str:

@@ -23,9 +23,10 @@ epoch, measures the student on the reference's validation split (training images
 model was fitted to; :func:`heatinv.models.validation_split`). At the end the weights of the
 best epoch are restored: the highest validation cosine to the targets among the epochs whose
 validation agreement with the reference is at least ``task.min_agreement`` and whose
-validation accuracy is at most ``task.max_accuracy_drop`` below the reference's (the
-reference itself, epoch 0, always qualifies). The held-out test images are never looked at
-before the final metrics.
+validation accuracy is at most ``task.max_accuracy_drop`` below the reference's (the start,
+epoch 0, competes too: with ``init=reference`` it always qualifies). Where nothing
+qualifies, not even the start, the last epoch's weights stay. The held-out test images are
+never looked at before the final metrics.
 
 ``trainer.strategy=mirrored`` runs the same objective data-parallel with
 ``tf.distribute.MirroredStrategy`` over every GPU (or every logical CPU where there is no
@@ -339,7 +340,7 @@ class DatasetTask:
             )
         self.steps_per_epoch = math.ceil(len(self.fit) / task.batch_size)
         self.total = task.epochs * self.steps_per_epoch
-        self.what = f"training {task.epochs} epochs of {self.steps_per_epoch} batches"
+        self.what = f"training {_count(task.epochs, 'epoch')} of {_count(self.steps_per_epoch, 'batch', 'batches')}"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
         objective = Manipulation(
             per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.teacher, task.temperature
@@ -354,7 +355,7 @@ class DatasetTask:
             )
             self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:
-            log.info(f"heatinv: {self.strategy.num_replicas_in_sync} replicas (MirroredStrategy)")
+            log.info(f"heatinv: {_count(self.strategy.num_replicas_in_sync, 'replica')} (MirroredStrategy)")
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
@@ -390,7 +391,7 @@ class DatasetTask:
             labels = data.y_train[self.validation]
             self.reference_validation_accuracy = float(np.mean(self.validation_reference_classes == labels))
             start = self.initial_validation = self.evaluate_validation()
-            # The start competes like an epoch: with init=reference it always qualifies.
+            # The start competes like an epoch: with init=reference it always qualifies, with init=random rarely.
             start_cosine = start["cosine"] if self.admissible(start) else -np.inf
             self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="best_epoch")
             self.best_cosine = tf.Variable(start_cosine, dtype=tf.float64, trainable=False, name="best_validation_cosine")
@@ -488,7 +489,14 @@ class DatasetTask:
         summaries.histograms(0, self.variables)
         if self.parts.dataset.is_image:
             summaries.figure(0, self.figure(), "heatmap/figure_initial")
-        log.info(f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}")
+        start = (
+            "the reference's weights" if self.cfg.init.kind == "reference"
+            else "random weights (init=random: trained from scratch; init=reference fine-tunes the reference)"
+        )
+        log.info(
+            f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}, "
+            f"from {start}"
+        )
 
     def calls(self, start: int) -> Iterator[Call]:
         per_epoch = self.steps_per_epoch
@@ -542,20 +550,39 @@ class DatasetTask:
         )
         return {"test_cosine": self.test["cosine"]}
 
+    def _restore_best_epoch(self, loop: LoopResult) -> dict:
+        """The early-stopping choice: the best admissible epoch's weights, or the last epoch's where none was admissible."""
+        task, best_epoch, best_cosine = self.cfg.task, int(self.best_epoch), float(self.best_cosine)
+        bounds = (
+            f"validation agreement {task.min_agreement} within {task.max_accuracy_drop} of the reference's validation "
+            "accuracy"
+        )
+        loosen = "loosen task.min_agreement / task.max_accuracy_drop, or lower task.heatmap_weight"
+        epochs = loop.steps // self.steps_per_epoch
+        if not np.isfinite(best_cosine):  # not even the start qualified: init=random starts far from the reference
+            log.warning(
+                f"heatinv: task.early_stopping: neither the start nor any of the {epochs} epochs reached {bounds}; the "
+                f"last epoch's weights are kept ({loosen}, or start from the reference: init=reference)"
+            )
+            return {"best_epoch": None, "best_validation_cosine": None}
+        for weight, best in zip(self.student.weights, self.best_weights):
+            weight.assign(best)
+        if best_epoch == 0:
+            log.warning(
+                f"heatinv: task.early_stopping: no epoch reached {bounds} with a better cosine than the start; the "
+                f"start's weights are kept ({loosen})"
+            )
+        else:
+            log.info(
+                f"heatinv: task.early_stopping: kept epoch {best_epoch} of {epochs} (validation cosine {best_cosine:.4f}, "
+                f"the best among the epochs that reached {bounds})"
+            )
+        return {"best_epoch": best_epoch, "best_validation_cosine": best_cosine}
+
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
         early = {}
         if self.validation is not None:
-            for weight, best in zip(self.student.weights, self.best_weights):
-                weight.assign(best)
-            best_cosine = float(self.best_cosine)  # -inf: nothing qualified, not even the start
-            early = {"best_epoch": int(self.best_epoch), "best_validation_cosine": best_cosine if np.isfinite(best_cosine) else None}
-            if int(self.best_epoch) == 0:
-                log.warning(
-                    f"heatinv: task.early_stopping: no epoch reached validation agreement {self.cfg.task.min_agreement} "
-                    f"within {self.cfg.task.max_accuracy_drop} of the reference's validation accuracy with a better "
-                    "cosine than the start; the start's weights are kept (loosen task.min_agreement / "
-                    "task.max_accuracy_drop, or lower task.heatmap_weight)"
-                )
+            early = self._restore_best_epoch(loop)
         if self.student is not self.parts.student:
             self.parts.student.set_weights(self.student.get_weights())
         test = self.evaluate()
@@ -640,3 +667,7 @@ class DatasetTask:
             f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}; "
             f"agreement {metrics['agreement']:.3f}"
         )
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -470,7 +470,7 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         for layer in own_momentum:
             layer.momentum = FIT_BATCH_NORM_MOMENTUM
         batches = -(-len(fit) // 32)
-        progress = FitProgress(f"training the reference {arch.name} (at most {epochs} epochs)", epochs, batches)
+        progress = FitProgress(f"training the reference {arch.name} (at most {epochs} epoch{'' if epochs == 1 else 's'})", epochs, batches)
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE, restore_best_weights=True)
         if dataset.streamed:  # the folder's batches are decoded as fit reads them; an epoch's order from the seed
             train, validation = dataset.batches("train", 32, fit, shuffle_seed=seed), dataset.batches("train", 32, val)
@@ -486,7 +486,7 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
                 )
         # The progress display ends where early stopping ended the fit: say so, and which epoch is kept.
         log.info(
-            f"heatinv: the reference {arch.name} trained {len(history.epoch)} of at most {epochs} epochs; "
+            f"heatinv: the reference {arch.name} trained {len(history.epoch)} of at most {epochs} epoch{'' if epochs == 1 else 's'}; "
             f"kept epoch {stop.best_epoch + 1}, the lowest validation loss ({stop.best:.4g})"
         )
         for layer, momentum in own_momentum.items():

@@ -145,7 +145,7 @@ def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides
         (["task=dataset", "target=pattern", "trainer.log_every=5"], "trainer.log_every=5", "task=single", "task.kind='dataset'"),
         (["task=dataset", "target=pattern", "target.label=3"], "target.label=3", "task=single", "task.kind='dataset'"),
         (["task=dataset", "target=pattern", "task.temperature=2"], "task.temperature=2.0", "task.teacher=kl", "task.teacher='mse'"),
-        (["task=dataset", "target=pattern", "task.min_agreement=0.9"], "task.min_agreement=0.9", "task.early_stopping=true", "task.early_stopping=False"),
+        (["task=dataset", "target=pattern", "task.min_agreement=0.9"], "task.min_agreement=0.9", "task.early_stopping=true", "task.early_stopping=false"),
         (["target=swap", "task=dataset", "target.top_k=10"], "target.top_k=10", "target=suppress", "target.kind='swap'"),
         (["data.test_split=0.3"], "data.test_split=0.3", "data=folder", "data.name='digits'"),
         (["lrp=epsilon", "lrp.gamma=0.5"], "lrp.gamma=0.5", "lrp=epsilon_gamma_box", "lrp.composite='epsilon'"),

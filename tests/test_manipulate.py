@@ -307,7 +307,7 @@ def test_learning_rate_schedule_follows_its_formula(schedule, composed):
 
 
 @pytest.mark.parametrize("min_agreement, max_accuracy_drop", [(0.0, 1.0), (1.0, 0.0)])
-def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, monkeypatch, min_agreement, max_accuracy_drop):
+def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, monkeypatch, caplog, min_agreement, max_accuracy_drop):
     """The final weights are the ones the student held after the chosen epoch, and the chosen epoch
     is the best validation cosine among the epochs within the limits, read from TensorBoard."""
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
@@ -332,7 +332,8 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
         "experiment=pattern_frame_mlp", "task.epochs=4", "task.early_stopping=true", "optimizer.lr=0.01",
         f"task.min_agreement={min_agreement}", f"task.max_accuracy_drop={max_accuracy_drop}",
     )
-    metrics = run(cfg)
+    with caplog.at_level("INFO", logger="heatinv.manipulate"):
+        metrics = run(cfg)
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0}).Reload()
 
     def series(name):
@@ -345,6 +346,8 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
     assert metrics["best_epoch"] == best and metrics["best_validation_cosine"] == pytest.approx(cosine[best], abs=1e-6)
     if min_agreement == 0.0:
         assert best > 0, "a permissive limit must let training help the validation cosine"
+    if best > 0:  # the console names the epoch it kept (only a kept start was said)
+        assert f"task.early_stopping: kept epoch {best} of 4 (validation cosine {cosine[best]:.4f}" in caplog.text
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
     for final, kept in zip(student.get_weights(), snapshots[best]):
         np.testing.assert_array_equal(final, kept)
@@ -368,20 +371,29 @@ def test_kl_teacher_term_is_the_tempered_distillation_loss():
     np.testing.assert_allclose(mse.teacher_loss(tf.constant(student), tf.constant(reference)).numpy(), ((student - reference) ** 2).mean(-1), rtol=1e-6)
 
 
-def test_early_stopping_keeps_the_start_when_no_epoch_qualifies(composed, caplog):
-    """A random start never agrees with the reference: with min_agreement 1 nothing qualifies, the start is kept and said."""
-    from heatinv.build import build_parts
+def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, caplog, monkeypatch):
+    """A random start never agrees with the reference: with min_agreement 1 nothing qualifies, not even the
+    start, so the last epoch's weights stay (the untrained start was kept) and the log says so."""
+    from heatinv.manipulate import DatasetTask
     from heatinv.train import run
 
+    last = {}
+    real_log = DatasetTask.log
+
+    def log(self, summaries, call, result):
+        last["weights"] = [w.copy() for w in self.student.get_weights()]
+        return real_log(self, summaries, call, result)
+
+    monkeypatch.setattr(DatasetTask, "log", log)
     cfg, out = composed(
         "experiment=pattern_frame_mlp", "init=random", "task.early_stopping=true", "task.min_agreement=1.0", "task.epochs=2"
     )
-    start = build_parts(cfg).student.get_weights()  # seeded by trainer.seed: the run's own start
     with caplog.at_level("WARNING"):
         metrics = run(cfg)
-    assert metrics["best_epoch"] == 0 and metrics["best_validation_cosine"] is None
+    assert metrics["best_epoch"] is None and metrics["best_validation_cosine"] is None
     assert json.loads((out / "metrics.json").read_text())["best_validation_cosine"] is None  # valid JSON, no -Infinity
-    assert "no epoch reached validation agreement 1.0" in caplog.text
+    assert "neither the start nor any of the 2 epochs reached validation agreement 1.0" in caplog.text
+    assert "the last epoch's weights are kept" in caplog.text and "init=reference" in caplog.text
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
-    for final, first in zip(student.get_weights(), start):
-        np.testing.assert_array_equal(final, first)
+    for final, kept in zip(student.get_weights(), last["weights"]):
+        np.testing.assert_array_equal(final, kept)
