@@ -31,10 +31,12 @@ least this share of it (a gain of at most 1000)."""
 
 
 def _unit_sum(heatmap: np.ndarray) -> np.ndarray:
+    """``heatmap`` scaled to a total of +-1: by its total's size, so a map summing below 0 (a poor
+    reference's class mean) keeps its own signs instead of turning into its opposite."""
     total = heatmap.sum()
     if total == 0:
         raise ValueError("A target pattern must have a non-zero total relevance.")
-    return heatmap / total
+    return heatmap / abs(total)
 
 
 def dataset_targets(

@@ -71,6 +71,16 @@ def test_swap_targets_take_the_like_class_mean_from_the_given_source(maps):
         dataset_targets("swap", labels, heatmaps, like=7)
 
 
+def test_a_swap_class_mean_that_sums_below_zero_keeps_its_signs(maps):
+    """Divided by its own total (-1 here), the mean turned into its opposite: evidence against where it had evidence for."""
+    labels, heatmaps = maps
+    mean = np.zeros((28, 28, 1), "float32")
+    mean[:4], mean[4:] = 1.0, -0.5  # 112 pixels of 1 and 672 of -0.5: sums to -224
+    targets, chosen = dataset_targets("swap", labels, heatmaps, classes=[2], like=0, like_mean=mean)
+    for i in np.flatnonzero(chosen):
+        np.testing.assert_allclose(targets[i], mean / 224 * abs(heatmaps[i].sum()), rtol=1e-5)
+
+
 def test_suppress_targets_empty_the_top_k_pixels_and_keep_the_total(maps):
     labels, heatmaps = maps
     targets, _ = dataset_targets("suppress", labels, heatmaps, top_k=30)
