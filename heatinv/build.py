@@ -438,7 +438,9 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     options = dict(
         pattern=target.pattern, pattern_path=target.path, like=target.like, top_k=target.top_k, **feature_options(cfg, dataset)
     )
-    description = f"{target_detail(target)} ({'all classes' if classes is None else 'classes ' + str(classes)})"
+    names = dataset.class_names
+    chosen = "all classes" if classes is None else "classes [" + ", ".join(_class_name(c, names) for c in classes) + "]"
+    description = f"{target_detail(target, names)} ({chosen})"
     if dataset.streamed:
         explain = _compiled_explain(explainer, dataset.input_shape)
         lrp_settings = OmegaConf.to_container(cfg.lrp, resolve=True)
@@ -491,11 +493,17 @@ def moved_examples(problem: DatasetProblem | StreamedProblem, dataset: Dataset, 
     return np.concatenate(xs), np.concatenate(labels), np.concatenate(targets)
 
 
-def target_detail(target) -> str:
-    """The dataset task's target in words, e.g. ``pattern frame``, ``swap like class 0``, ``suppress_feature 'worst area'``."""
+def _class_name(index: int, names) -> str:
+    """``1``, or ``1 (disk)`` where the class has a name of its own."""
+    name = str(names[index]) if names is not None and 0 <= index < len(names) else str(index)
+    return str(index) if name == str(index) else f"{index} ({name})"
+
+
+def target_detail(target, class_names=None) -> str:
+    """The dataset task's target in words, e.g. ``pattern frame``, ``swap like class 0 (cat)``, ``suppress_feature 'worst area'``."""
     detail = {
         "pattern": f"{target.pattern}" if target.pattern != "file" else f"file {target.path}",
-        "swap": f"like class {target.like}",
+        "swap": f"like class {_class_name(target.like, class_names) if isinstance(target.like, int) else target.like}",
         "suppress": f"top {target.top_k}",
         "suppress_feature": f"{target.feature!r}",
         "swap_features": f"{target.feature!r} like {target.like!r}",

@@ -373,6 +373,12 @@ def validate(cfg) -> None:
             "Config value task.classes=[] selects no class, so no heatmap would move. Name the classes whose heatmaps "
             "move (e.g. task.classes=[1]), or leave it null for all of them (task.classes=null)."
         )
+    if cfg.task.classes is not None and len(set(cfg.task.classes)) != len(cfg.task.classes):
+        twice = sorted({c for c in cfg.task.classes if list(cfg.task.classes).count(c) > 1})
+        raise ConfigError(
+            f"Config value task.classes={_shown(cfg.task.classes)} names class {', '.join(map(str, twice))} more than once. "
+            f"Name each class once, e.g. task.classes={_shown(sorted(set(cfg.task.classes)))}."
+        )
     if cfg.task.kind == "dataset" and not 0 <= cfg.task.success_threshold <= 1:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
     if cfg.target.pattern == "file" and not cfg.target.path:

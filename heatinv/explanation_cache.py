@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import logging
 import os
 
 import keras
@@ -33,6 +34,8 @@ import numpy as np
 from heatinv.atomic import atomic_path
 from heatinv.data import Dataset, reading
 from heatinv.progress import Progress
+
+log = logging.getLogger(__name__)
 
 BATCH_SIZE = 256  # as explain_all's: the same batches give the in-memory path's numbers bit for bit
 
@@ -127,14 +130,20 @@ def cached_explanations(explain, explainer, dataset: Dataset, split: str, cache_
     maps_path, logits_path = entry_paths(cache_dir, explainer, dataset, split, lrp_settings)
     if not (os.path.isfile(maps_path) and os.path.isfile(logits_path)):
         _write_entry(explain, dataset, split, maps_path, logits_path)
+    else:
+        log.info(f"heatinv: the reference's explanations of the {_split_name(split)} images come from the cache ({maps_path})")
     return np.load(maps_path, mmap_mode="r"), np.load(logits_path, mmap_mode="r")
+
+
+def _split_name(split: str) -> str:
+    return "held-out" if split == "test" else "training"
 
 
 def _write_entry(explain, dataset: Dataset, split: str, maps_path: str, logits_path: str) -> None:
     """One pass over ``split``, each batch's explanations written into the two files' rows as they come."""
     files, labels = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
     count = len(labels)
-    progress = Progress(f"explaining the {'held-out' if split == 'test' else 'training'} images once (cached)", count, "images")
+    progress = Progress(f"explaining the {_split_name(split)} images once, into the cache", count, "images")
     maps = logits = None
     with atomic_path(maps_path) as maps_tmp, atomic_path(logits_path) as logits_tmp, reading(files):
         done = 0

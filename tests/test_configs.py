@@ -307,6 +307,11 @@ def test_the_dataset_objectives_weights_are_finite_non_negative_and_not_all_zero
         validate(compose_train("task=dataset", "target=pattern", *overrides))
 
 
+def test_a_class_named_twice_is_refused(compose_train):
+    with pytest.raises(ConfigError, match=r"task\.classes=\[1, 3, 1\] names class 1 more than once.*task\.classes=\[1, 3\]"):
+        validate(compose_train("task=dataset", "target=pattern", "task.classes=[1,3,1]"))
+
+
 def test_an_empty_class_list_is_refused_naming_null(compose_train):
     """task.classes=[] trained the reference and failed in the figure ("dataset_figure needs at least one row")."""
     with pytest.raises(ConfigError, match=r"task\.classes=\[\] selects no class.*task\.classes=null"):

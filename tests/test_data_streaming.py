@@ -94,7 +94,7 @@ def test_streamed_targets_equal_the_in_memory_ones(tmp_path, shapes, target):
     assert memory.test_chosen.sum() == (60 if target[0] != "target=swap" else np.isin(memory_parts.dataset.y_test, [1, 2]).sum())
 
 
-def test_the_references_explanations_are_computed_once_per_split_and_reused_from_the_cache(tmp_path, shapes, monkeypatch):
+def test_the_references_explanations_are_computed_once_per_split_and_reused_from_the_cache(tmp_path, shapes, monkeypatch, caplog):
     streamed_cfg, memory_cfg = configs(tmp_path, shapes, "target=pattern")
     parts, memory_parts = build_parts(streamed_cfg), build_parts(memory_cfg)
     problem = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
@@ -113,8 +113,10 @@ def test_the_references_explanations_are_computed_once_per_split_and_reused_from
     marked = np.full(maps.shape, 7.0, np.float32)
     del problem, maps, logits
     np.save(entry, marked)
-    again = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
+    with caplog.at_level("INFO", logger="heatinv.explanation_cache"):
+        again = dataset_problem(streamed_cfg, parts.dataset, parts.reference)
     assert np.all(next(again.test_batches(parts.dataset)).reference_maps == 7.0)
+    assert f"explanations of the held-out images come from the cache ({entry})" in caplog.text  # a reuse is said
     assert len(list(cache.glob("explanations-*.npy"))) == 4
     # Another rule, or other reference weights: other entries, never the stale one.
     other_rule, _ = configs(tmp_path, shapes, "target=pattern", "lrp.epsilon=0.5")

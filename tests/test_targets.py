@@ -194,6 +194,8 @@ def test_the_dataset_tasks_target_is_named_with_what_it_moves():
     assert named(kind="pattern") == "pattern frame"
     assert named(kind="pattern", pattern="file", path="m.npy") == "pattern file m.npy"
     assert named(kind="swap", like=3) == "swap like class 3"
+    swap = OmegaConf.create({"kind": "swap", "pattern": "frame", "path": None, "like": 1, "top_k": 50, "feature": None})
+    assert target_detail(swap, ("cat", "dog")) == "swap like class 1 (dog)"  # a folder's class by its name too
     assert named(kind="suppress", top_k=20) == "suppress top 20"
     assert named(kind="suppress_feature", feature="worst area") == "suppress_feature 'worst area'"
     assert named(kind="swap_features", feature="age", like="income") == "swap_features 'age' like 'income'"
