@@ -48,7 +48,7 @@ manipulated student's map can (its total is its logit, free under a sum-normaliz
 SCORE_ORDER = ("cosine", "ssim", "pearson", "spearman", "loss")
 
 
-RESCALED_NOTE = "a panel titled xN shows its values times N on the colour bar"
+RESCALED_NOTE = "a panel marked xN shows its values times N on the colour bar"
 
 
 def heatmap_figure(
@@ -147,11 +147,11 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
         shown = None
         for c, values in enumerate((reference, target, student), start=1):
             shown, factor = _draw_map(axes[r, c], values, scale, "")
-            # The column's name heads the first row; a factor, which is each panel's own, goes to
-            # its panel's right, so that "target (x10)" is not read as the whole column's.
+            # The column's name heads the first row; a factor, which is each panel's own, is marked
+            # inside its panel, so that neither "target (x10)" nor a title beside it reads as the column's.
             axes[r, c].set_title(columns[c] if r == 0 else "", fontsize=10)
             if factor != 1:
-                axes[r, c].set_title(f"x{factor:g}", loc="right", fontsize=9)
+                _mark_factor(axes[r, c], factor)
             rescaled |= factor != 1
         fig.colorbar(shown, ax=list(axes[r, 1:]), shrink=0.9)
     if title:
@@ -210,6 +210,14 @@ def _draw_image(ax, image: np.ndarray, title: str) -> None:
         image = (image - low) / ((high - low) or 1.0)
     ax.imshow(np.clip(image, 0, 1), cmap="gray_r" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="none")
     _frame(ax, title)
+
+
+def _mark_factor(ax, factor: float) -> None:
+    """``xN`` in the panel's top-right corner, on a white patch that keeps it legible over the map."""
+    ax.text(
+        0.97, 0.97, f"x{factor:g}", transform=ax.transAxes, ha="right", va="top", fontsize=9,
+        bbox={"facecolor": "white", "edgecolor": "0.6", "boxstyle": "round,pad=0.2"},
+    )
 
 
 def _draw_map(ax, values: np.ndarray, scale: float, title: str):
