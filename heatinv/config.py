@@ -344,6 +344,9 @@ def validate(cfg) -> None:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
     if cfg.task.kind == "dataset":
         _check_objective_weights(cfg.task)
+    for key, usual in (("lrp.epsilon", "1e-6"), ("lrp.gamma", "0.25")):
+        if not (math.isfinite(_get(cfg, key)) and _get(cfg, key) >= 0):
+            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be a finite number >= 0, e.g. `{key}={usual}`.")
     if cfg.trainer.resume and cfg.trainer.overwrite:
         raise ConfigError(
             "Config values trainer.resume=true and trainer.overwrite=true contradict each other: resume continues "

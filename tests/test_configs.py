@@ -285,6 +285,8 @@ def test_missing_group_file_fails_at_compose(compose_train):
         ("task.max_accuracy_drop=-0.01", "task.max_accuracy_drop"),
         ("task.temperature=0", "task.temperature"),
         ("optimizer.global_clipnorm=0", "optimizer.global_clipnorm"),
+        ("lrp.epsilon=-1", "lrp.epsilon"),  # the rule's own error named no key
+        ("lrp.gamma=nan", "lrp.gamma"),
     ],
 )
 def test_out_of_range_value_fails_validate_naming_key(compose_train, override, key):
