@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from heatinv.startup import start_tensorflow
+
+start_tensorflow()  # before keras brings TensorFlow in: no CUDA or oneDNN notices on a CPU machine
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
