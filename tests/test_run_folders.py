@@ -114,6 +114,11 @@ def test_a_resume_lists_the_settings_it_changes_not_its_own_switch(config, tmp_p
     assert check_resumable(out, config("trainer.resume=true", "trainer.log_every=7")) == [
         f"trainer.log_every: {before.trainer.log_every} -> 7"
     ]
+    # a cosine schedule is stretched over an extended run: its learning rate jumps back up, which is said
+    dataset = str(tmp_path / "dataset")
+    save_run_config(dataset, config("task=dataset", "target=pattern", "task.lr_schedule=cosine", "task.epochs=2"))
+    [extended] = check_resumable(dataset, config("task=dataset", "target=pattern", "task.lr_schedule=cosine", "task.epochs=3"))
+    assert extended.startswith("task.epochs: 2 -> 3 (task.lr_schedule=cosine decays over the new total")
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
