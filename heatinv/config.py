@@ -236,7 +236,7 @@ def _composites_with(rule: str) -> tuple[str, ...]:
 
 _DATASET_TASK_KEYS = (
     "task.classes", "task.epochs", "task.batch_size", "task.heatmap_weight", "task.ce_weight", "task.logit_weight",
-    "task.lr_schedule", "task.teacher", "task.early_stopping", "task.success_threshold",
+    "task.lr_schedule", "task.early_stopping", "task.success_threshold",
 )
 _FEATURE_KINDS = ("suppress_feature", "swap_features")
 
@@ -279,8 +279,12 @@ READ_ONLY_WHEN = (
     ),
     ReadOnlyWhen(_DATASET_TASK_KEYS, lambda c: c.task.kind == "dataset", "task=dataset", ("task.kind",)),
     ReadOnlyWhen(
-        ("task.temperature",), lambda c: c.task.kind == "dataset" and c.task.teacher == "kl",
-        "task=dataset with task.teacher=kl", ("task.kind", "task.teacher"),
+        ("task.teacher",), lambda c: c.task.kind == "dataset" and c.task.logit_weight > 0,
+        "task=dataset with a teacher term, task.logit_weight > 0", ("task.kind", "task.logit_weight"),
+    ),
+    ReadOnlyWhen(
+        ("task.temperature",), lambda c: c.task.kind == "dataset" and c.task.teacher == "kl" and c.task.logit_weight > 0,
+        "task=dataset with task.teacher=kl and task.logit_weight > 0", ("task.kind", "task.teacher", "task.logit_weight"),
     ),
     ReadOnlyWhen(
         ("task.min_agreement", "task.max_accuracy_drop"), lambda c: c.task.kind == "dataset" and c.task.early_stopping,
