@@ -31,10 +31,10 @@ from heatinv.models import (
     Architecture,
     accuracy,
     build_model,
-    in_float64,
     load_model_file,
     reference_model,
     smoothed,
+    with_dtype,
     with_input_shape,
 )
 from heatinv.progress import Progress
@@ -109,7 +109,7 @@ def build_parts(cfg) -> Parts:
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
     if cfg.trainer.precision == "float64":
-        student = in_float64(student)
+        student = with_dtype(student, "float64")
     return Parts(dataset, reference, reference_acc, student)
 
 
@@ -123,13 +123,17 @@ def _warn_if_no_better_than_guessing(acc: float, dataset: Dataset, given: str) -
     guess = float(np.max(np.bincount(dataset.y_test, minlength=dataset.num_classes))) / len(dataset.y_test)
     if acc > guess:
         return
+    images = (
+        " (an image folder's and uint8 images are scaled to [0, 1]; keras.utils.image_dataset_from_directory gives "
+        "0-255, so a model with its own Rescaling(1/255) sees them 255 times too dark: give such images as an .npz "
+        "of float32 values 0-255, data=npz, which are taken as they are)"
+        if dataset.is_image else ""
+    )
     log.warning(
         f"heatinv: the model of {given} classifies {acc:.1%} of the {dataset.name} data's held-out examples right, "
         f"no better than always naming its commonest class ({guess:.1%}): its heatmaps will explain noise. Was it "
         f"trained on this data, in this range? Here the inputs range from {np.min(dataset.low):.3g} to "
-        f"{np.max(dataset.high):.3g} (images are scaled to [0, 1]; keras.utils.image_dataset_from_directory gives "
-        "0-255, so a model with its own Rescaling(1/255) sees them 255 times too dark: give such images as an .npz "
-        "of float32 values 0-255, data=npz, which are taken as they are)."
+        f"{np.max(dataset.high):.3g}{images}."
     )
 
 
@@ -284,6 +288,8 @@ def _resize_hint(given_in: tuple, dataset: Dataset) -> str:
     """For an image folder whose images the model takes at another size: the setting that resizes them."""
     if not dataset.streamed or len(given_in) != 4 or None in given_in[1:3] or given_in[3] != dataset.input_shape[-1]:
         return ""
+    if tuple(given_in[1:3]) == tuple(dataset.input_shape[:2]):
+        return ""  # the size fits: the class count does not
     return f", or have the folder's images resized to the model's size: data.image_size=[{given_in[1]},{given_in[2]}]"
 
 

@@ -365,9 +365,10 @@ def check_resumable(out: str, cfg) -> list[str]:
         length = "task.epochs" if new.get("task.kind") == "dataset" else "trainer.steps"
         check_resume_step(out, steps, length, new[length], steps_each)
     if "task.epochs" in changed and new.get("task.lr_schedule") == "cosine":
+        way = "higher" if new["task.epochs"] > old["task.epochs"] else "lower"
         described["task.epochs"] += (
             " (task.lr_schedule=cosine decays over the new total, so the learning rate at the resumed step is "
-            "recomputed on it: higher than where the old schedule had brought it)"
+            f"recomputed on it: {way} than where the old schedule had brought it)"
         )
     # trainer.resume and trainer.overwrite say how this start treats the folder, not how the run trains
     return [described[key] for key in changed if key not in ("trainer.resume", "trainer.overwrite")]

@@ -764,8 +764,14 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
     import csv
 
     file = _existing(path, "data.path", "a .csv file with a header row")
-    with open(file, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel's "CSV UTF-8" starts with a byte-order mark
-        rows = list(csv.reader(handle))
+    try:
+        with open(file, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel's "CSV UTF-8" starts with a byte-order mark
+            rows = list(csv.reader(handle))
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"heatinv/data.py load_csv: '{file}' (data.path) is not UTF-8 text (byte {error.object[error.start]:#04x} at "
+            f"position {error.start}). Save it as UTF-8: Excel's \"CSV UTF-8\", or pandas df.to_csv(path, index=False)."
+        ) from error
     if not any(rows[1:]):
         has = "is empty" if not rows else f"has a header ({', '.join(rows[0])}) but no rows"
         raise ValueError(f"heatinv/data.py load_csv: '{file}' (data.path) {has}. Give a table with one row per example.")
@@ -808,6 +814,8 @@ def _label_order(labels: set[str]):
     try:
         values = {label: float(label) for label in labels}
     except ValueError:
+        return str
+    if not all(np.isfinite(v) for v in values.values()):  # "nan" has no place among numbers
         return str
     return lambda label: (values[label], label)
 

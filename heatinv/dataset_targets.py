@@ -86,8 +86,9 @@ def dataset_targets(
     if kind not in KINDS:
         raise ValueError(f"Unknown dataset target {kind!r}; expected one of {list(KINDS)}.")
     chosen = np.ones(len(labels), bool) if classes is None else np.isin(labels, classes)
-    # The size of the explained score, never its sign: a negative total (a true-class logit
-    # below 0) would otherwise flip a pattern or a swapped map into "evidence against".
+    # The size of the explained score, never its sign, and each map scaled by the size of its
+    # own total: neither a negative score (a true-class logit below 0) nor a class mean summing
+    # below 0 flips a pattern or a swapped map into its opposite ("evidence against").
     totals = np.abs(reference_heatmaps.reshape(len(labels), -1).sum(axis=1))
     totals = totals.reshape((-1,) + (1,) * (reference_heatmaps.ndim - 1))
     targets = reference_heatmaps.copy()

@@ -58,8 +58,9 @@ class GradientsVanished(RuntimeError):
             super().__init__(format_report(findings, when))
         else:  # a clean bill beside a stop would contradict it
             super().__init__(
-                f"heatinv doctor: {when}\nDifferentiated again outside the compiled step, on the examples it probes, "
-                "the objective's gradients are non-zero and finite: no cause the doctor knows. Look at the run's "
+                f"heatinv doctor: {when}\nDifferentiated again outside the compiled step, what the doctor probes (the "
+                "heatmap loss; with task=dataset its heatmap term on a few held-out examples, not the cross-entropy "
+                "or teacher terms) has non-zero, finite gradients: no cause the doctor knows. Look at the run's "
                 "learning rate and loss weights (a step that overflows makes NaN), and at the examples the step saw; "
                 "please report the case if neither explains it."
             )

@@ -70,6 +70,7 @@ from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
 from heatinv.step import compile_step, gradient_stats, mode_for, optimizer_from
 from heatinv.summaries import TRAIN, Summaries
+from heatinv.wording import count
 
 TERMS = ("heatmap", "cross_entropy", "logit_match")
 
@@ -340,7 +341,7 @@ class DatasetTask:
             )
         self.steps_per_epoch = math.ceil(len(self.fit) / task.batch_size)
         self.total = task.epochs * self.steps_per_epoch
-        self.what = f"training {_count(task.epochs, 'epoch')} of {_count(self.steps_per_epoch, 'batch', 'batches')}"
+        self.what = f"training {count(task.epochs, 'epoch')} of {count(self.steps_per_epoch, 'batch', 'batches')}"
         per_example = per_example_heatmap_loss(cfg.loss.name, cfg.loss.delta, cfg.loss.normalize)
         objective = Manipulation(
             per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.teacher, task.temperature
@@ -355,7 +356,7 @@ class DatasetTask:
             )
             self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:
-            log.info(f"heatinv: {_count(self.strategy.num_replicas_in_sync, 'replica')} (MirroredStrategy)")
+            log.info(f"heatinv: {count(self.strategy.num_replicas_in_sync, 'replica')} (MirroredStrategy)")
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
@@ -539,7 +540,7 @@ class DatasetTask:
             summaries.scalars(epoch, "validation", validation)
             validation_note = (
                 f"  validation cosine {validation['cosine']:.3f} agreement {validation['agreement']:.3f} "
-                f"(best epoch {int(self.best_epoch)})"
+                f"(best epoch {int(self.best_epoch) if np.isfinite(float(self.best_cosine)) else 'none yet'})"
             )
         if call.rare and "gradients" not in result:  # the loop logs weights with gradients where the step returns them
             summaries.histograms(epoch, self.variables)
@@ -667,7 +668,3 @@ class DatasetTask:
             f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}; "
             f"agreement {metrics['agreement']:.3f}"
         )
-
-
-def _count(n: int, noun: str, plural: str | None = None) -> str:
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -29,6 +29,7 @@ from heatinv.layers import SoftplusBeta
 from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.progress import FitProgress
 from heatinv.startup import dropping_known_notices
+from heatinv.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,11 @@ def load_model_file(path: str) -> keras.Model:
         raise ValueError(f"Keras could not load model file {path} (model.path): {keras_reason(error)}{hint}") from error
 
 
+def _holds_keras_config(path: str) -> bool:
+    with zipfile.ZipFile(path) as archive:
+        return "config.json" in archive.namelist()
+
+
 def _not_a_model_file(path: str) -> str | None:
     """Why ``path`` cannot be a Keras model file, told by its name and first bytes; None when it may be one."""
     if os.path.isdir(path):
@@ -241,7 +247,7 @@ def _not_a_model_file(path: str) -> str | None:
             "model=<name> model.weights=<file>.weights.h5, or save the whole model with model.save('<name>.keras')."
         )
     extension = os.path.splitext(path)[1].lower()
-    if extension == ".keras" and zipfile.is_zipfile(path) and "config.json" not in zipfile.ZipFile(path).namelist():
+    if extension == ".keras" and zipfile.is_zipfile(path) and not _holds_keras_config(path):
         return (
             "is a zip archive without the config.json every .keras file holds (an .npz renamed?). Save the model "
             "with model.save('<name>.keras') and point model.path at that file."
@@ -438,8 +444,8 @@ def load_weights_file(model: keras.Model, path: str, architecture_name: str) -> 
             "heatinv never downloads weights."
         )
     try:
-        with warnings.catch_warnings():  # one UserWarning per layer that does not fit: the error below says it once
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings(record=True) as caught:  # one per layer that does not fit: the error below says it once
+            warnings.simplefilter("always")
             model.load_weights(file)
     except Exception as error:  # Keras raises several types; all mean "does not fit"
         raise ValueError(
@@ -447,6 +453,8 @@ def load_weights_file(model: keras.Model, path: str, architecture_name: str) -> 
             f"{tuple(model.inputs[0].shape)} and {model.outputs[0].shape[-1]} classes: {keras_reason(error)} "
             "Save the weights from a model of the same architecture, input shape and class count."
         ) from error
+    for warning in caught:  # loaded: what Keras said (layers it skipped keep their initial weights) is the user's to see
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int = 0) -> keras.Model:
@@ -470,7 +478,7 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         for layer in own_momentum:
             layer.momentum = FIT_BATCH_NORM_MOMENTUM
         batches = -(-len(fit) // 32)
-        progress = FitProgress(f"training the reference {arch.name} (at most {epochs} epoch{'' if epochs == 1 else 's'})", epochs, batches)
+        progress = FitProgress(f"training the reference {arch.name} (at most {count(epochs, 'epoch')})", epochs, batches)
         stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=PATIENCE, restore_best_weights=True)
         if dataset.streamed:  # the folder's batches are decoded as fit reads them; an epoch's order from the seed
             train, validation = dataset.batches("train", 32, fit, shuffle_seed=seed), dataset.batches("train", 32, val)
@@ -486,7 +494,7 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
                 )
         # The progress display ends where early stopping ended the fit: say so, and which epoch is kept.
         log.info(
-            f"heatinv: the reference {arch.name} trained {len(history.epoch)} of at most {epochs} epoch{'' if epochs == 1 else 's'}; "
+            f"heatinv: the reference {arch.name} trained {len(history.epoch)} of at most {count(epochs, 'epoch')}; "
             f"kept epoch {stop.best_epoch + 1}, the lowest validation loss ({stop.best:.4g})"
         )
         for layer, momentum in own_momentum.items():
@@ -500,28 +508,25 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
     return model
 
 
-def _in_float64(layer):
-    """A float64 copy of a layer; a Keras op written into the model (``x * 2.0``) has no weights or dtype to change."""
-    if not isinstance(layer, keras.layers.Layer):
-        return layer
-    return layer.__class__.from_config({**layer.get_config(), "dtype": "float64"})
+def with_dtype(model: keras.Model, dtype: str) -> keras.Model:
+    """The same model with ``dtype`` inputs, variables and arithmetic, and the same weights.
 
-
-def in_float64(model: keras.Model) -> keras.Model:
-    """The same model with float64 inputs, variables and arithmetic, and the same weights.
-
-    ``trainer.precision=float64`` trains this copy, and the doctor differentiates it for its
-    float64 probe: feeding float64 inputs to a float32 model would still compute (and round)
-    in float32, and a gradient with respect to a float32 variable is rounded to float32.
+    ``trainer.precision=float64`` trains the float64 copy, and the doctor differentiates
+    copies for its probes: feeding float64 inputs to a float32 model would still compute (and
+    round) in float32, and a gradient with respect to a float32 (or float16) variable is
+    rounded to that variable's dtype.
 
     Example:
-    >>> {w.dtype for w in in_float64(build_model(Architecture("mlp", hidden=(4,)))).weights}  # doctest: +SKIP
+    >>> {w.dtype for w in with_dtype(build_model(Architecture("mlp", hidden=(4,))), "float64").weights}  # doctest: +SKIP
     {'float64'}
     """
-    clone = keras.models.clone_model(
-        model,
-        input_tensors=keras.Input(model.inputs[0].shape[1:], dtype="float64"),
-        clone_function=_in_float64,
-    )
-    clone.set_weights(model.get_weights())
+
+    def copy(layer):
+        if not isinstance(layer, keras.layers.Layer):
+            return layer  # a Keras op written into the model (``x * 2.0``) has no weights or dtype to change
+        return layer.__class__.from_config({**layer.get_config(), "dtype": dtype})
+
+    inputs = keras.Input(model.inputs[0].shape[1:], dtype=dtype)
+    clone = keras.models.clone_model(model, input_tensors=inputs, clone_function=copy)
+    clone.set_weights([np.asarray(w, dtype) for w in model.get_weights()])
     return clone

@@ -26,6 +26,7 @@ from heatinv.figures import feature_figure, heatmap_figure
 from heatinv.similarity import cosine_numpy, similarity_numpy
 from heatinv.step import compile_step, mode_for, optimizer_from, schedule
 from heatinv.summaries import Summaries
+from heatinv.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class SingleTask:
             # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
             # blow up into full-size steps: stop before the first update instead.
             self.total = 0
-        self.what = f"optimizing the heatmap ({self.total} step{'' if self.total == 1 else 's'})"
+        self.what = f"optimizing the heatmap ({count(self.total, 'step')})"
 
     def diagnose(self) -> list:
         objective = HeatmapObjective(self.target.heatmap, self.explainer, self.cfg.loss.name, self.cfg.loss.delta, self.cfg.loss.normalize)
@@ -166,7 +167,7 @@ class SingleTask:
     def summary_line(metrics: dict) -> str:
         return (
             f"heatinv: cosine {metrics['cosine']:.4f}  ssim {metrics['ssim']:.3f}  pearson {metrics['pearson']:.4f}  "
-            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {metrics['steps']} step{'' if metrics['steps'] == 1 else 's'}"
+            f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {count(metrics['steps'], 'step')}"
             f"{_speed(metrics['steps_per_second'])}; accuracy reference {metrics['reference_accuracy']:.3f}, "
             f"student {metrics['student_accuracy']:.3f}"
         )

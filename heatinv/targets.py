@@ -99,7 +99,8 @@ def pattern_file(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
 
 
 def unit_total(pattern: np.ndarray, path: str) -> np.ndarray:
-    """``pattern`` (read from ``path``, ``target.path``) divided by its total, or the error of a pattern summing to 0."""
+    """``pattern`` (read from ``path``, ``target.path``) divided by its total's size, or the error of a pattern
+    summing to 0; a pattern summing below 0 keeps its signs, as a swapped class mean does."""
     total = float(pattern.sum(dtype=np.float64))
     if total == 0:
         raise ValueError(
@@ -107,7 +108,7 @@ def unit_total(pattern: np.ndarray, path: str) -> np.ndarray:
             "where the relevance goes, in shares of the whole. Draw it with non-negative values where the relevance "
             "should be."
         )
-    return pattern / np.float32(total)
+    return pattern / np.float32(abs(total))
 
 
 def read_map_array(values: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndarray:

@@ -49,6 +49,7 @@ from heatinv.lrp import UnsupportedLayerError  # noqa: E402
 from heatinv.manipulate import DatasetTask  # noqa: E402
 from heatinv.single import SingleTask  # noqa: E402
 from heatinv.summaries import Summaries, compared_hparams, trial_name  # noqa: E402
+from heatinv.wording import count  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
     # The dataset task evaluates the held-out images at each log step, inside that time.
     logged = "summaries and held-out evaluations" if "evaluation_seconds" in metrics else "summaries"
     done = metrics["steps"] - loop.start
-    ran = f"{done} step{'' if done == 1 else 's'}" + (f" after resuming at step {loop.start}" if loop.start else "")
+    ran = count(done, "step") + (f" after resuming at step {loop.start}" if loop.start else "")
     log.info(
         f"heatinv: {ran} in {metrics['loop_seconds']:.1f} s "
         f"(the step {metrics['seconds']:.1f} s, {logged} {metrics['summaries_seconds']:.1f} s, "

@@ -400,11 +400,11 @@ def test_an_untrained_mobilenetv2_in_inference_mode_is_a_vanished_signal():
 
 def test_the_float64_probe_differentiates_float64_weights(mlp, image):
     """The float64 probe of a float32 model: gradients in float64, equal to those of its float64 copy."""
-    from heatinv.models import in_float64
+    from heatinv.models import with_dtype
 
     objective = HeatmapObjective(np.full(image.shape, 0.01, "float32"), LRP(mlp, "epsilon"))
     probe = objective.probe(mlp, image, 3, tf.float64)
-    copy = in_float64(mlp)
+    copy = with_dtype(mlp, "float64")
     expected = HeatmapObjective(objective.target, LRP(copy, "epsilon")).probe(copy, image, 3, tf.float64)
     assert {g.dtype for g in probe.gradients.values()} == {tf.float64}
     for name, gradient in probe.gradients.items():
@@ -518,6 +518,11 @@ def test_a_saturated_softmax_of_logits_is_named_and_float64_is_not_offered(image
     findings = diagnose(model, image, winner, objective)
     assert codes(findings) == ["softmax-saturated"] and "loss='logit'" in findings[0].fix
     assert diagnose(model, image, winner, SaliencyObjective(loss="logit")) == []
+    # A confident but not one-hot softmax (others 2e-9) beside dead units: the units are the cause, not the softmax.
+    other = build_model(Architecture(hidden=(32, 16)), seed=0)
+    other.layers[1].bias.assign(tf.fill([32], -100.0))
+    other.layers[-1].bias.assign(tf.one_hot(0, 10) * 20.0)
+    assert set(codes(diagnose(other, image, 0, SaliencyObjective()))) == {"dead-units"}  # the first layer and the one after
 
 
 def test_an_unknown_saliency_loss_is_refused():
@@ -540,6 +545,9 @@ def test_a_float16_model_is_checked_for_what_float16_rounds_away(image):
     assert float(tf.reduce_max(tf.abs(tape.gradient(score, x)))) == 0.0  # what the user sees in float16
     findings = diagnose(model, image, 3, SaliencyObjective(loss="logit"))
     assert codes(findings) == ["underflow"] and "computes in float16" in findings[0].message
+    # the heatmap objective's float32 probe differentiates a float32 copy: float16 variables rounded its gradients to float16
+    heatmap = HeatmapObjective(np.zeros(image.shape, "float32"), LRP(model, "epsilon"))
+    assert {g.dtype for g in heatmap.probe(model, image, 3, tf.float32).gradients.values()} == {tf.float32}
 
 
 def test_mismatched_inputs_to_diagnose_are_named(mlp, image, rng):
@@ -561,9 +569,13 @@ def test_a_score_made_of_biases_is_named_where_the_gradients_are_tiny_not_zero(i
     last.bias.assign(tf.ones_like(last.bias))
     objective = HeatmapObjective(rng.normal(0, 0.01, image.shape).astype("float32"), LRP(model, "epsilon"))
     probe = objective.probe(model, image, 3, tf.float32)
-    kept = abs(float(tf.reduce_sum(probe.heatmap))) / float(probe.score[0])
+    kept = float(tf.reduce_sum(tf.abs(probe.heatmap))) / float(probe.score[0])
     assert 0 < kept < 1e-6 and max_abs(probe.gradients) > 0  # not all-zero: the other checks stay silent
     findings = diagnose(model, image, 3, objective)
     assert codes(findings) == ["absorbed-relevance"] and f"at most {kept:.3g} of it" in findings[0].message
     last.kernel.assign(last.kernel * 1e9)  # the control: the trained-like scale
     assert diagnose(model, image, 3, objective) == []
+    # a map whose signs cancel to a small sum is not "about 0": its |values| are measured
+    probe = objective.probe(model, image, 3, tf.float32)
+    probe.heatmap = tf.concat([tf.ones([1, 14, 28, 1]), -tf.ones([1, 14, 28, 1])], axis=1)
+    assert checks.absorbed_relevance(probe) == []

@@ -398,9 +398,10 @@ def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, ca
     cfg, out = composed(
         "experiment=pattern_frame_mlp", "init=random", "task.early_stopping=true", "task.min_agreement=1.0", "task.epochs=2"
     )
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):
         metrics = run(cfg)
     assert metrics["best_epoch"] is None and metrics["best_validation_cosine"] is None
+    assert "(best epoch none yet)" in caplog.text and "(best epoch 0)" not in caplog.text  # the epoch lines agree
     assert json.loads((out / "metrics.json").read_text())["best_validation_cosine"] is None  # valid JSON, no -Infinity
     assert "neither the start nor any of the 2 epochs reached validation agreement 1.0" in caplog.text
     assert "the last epoch's weights are kept" in caplog.text and "init=reference" in caplog.text

@@ -249,6 +249,20 @@ def test_weights_of_another_architecture_give_one_error_not_a_warning_per_layer(
     assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
 
 
+def test_a_load_that_succeeds_keeps_what_keras_warned(tmp_path, monkeypatch):
+    """Keras loads past a nested container it skips (those layers keep their initial weights), with a warning."""
+    path = tmp_path / "tiny.weights.h5"
+    model = build_model(Architecture("mlp", hidden=(8,)), seed=1)
+    model.save_weights(path)
+
+    def load_with_a_warning(self, file):
+        warnings.warn("Skipping nested container 'x': layers retain their freshly-initialized weights", UserWarning)
+
+    monkeypatch.setattr(keras.Model, "load_weights", load_with_a_warning)
+    with pytest.warns(UserWarning, match="Skipping nested container"):
+        load_weights_file(model, str(path), "mlp")
+
+
 def test_reference_model_trains_once_then_loads_from_cache(dataset, tmp_path, count_fit, monkeypatch):
     cache = tmp_path / "cache"
     first, first_accuracy = reference_model(TINY, dataset, epochs=1, cache_dir=str(cache), seed=0)

@@ -398,6 +398,17 @@ def test_a_model_file_for_another_image_size_is_told_the_folder_setting(config, 
     )
 
 
+def test_a_model_file_of_the_folders_size_but_other_classes_is_not_told_to_resize(config, shapes_folder, tmp_path):
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(5)])
+    model.save(tmp_path / "five.keras")
+    message = expect(
+        ValueError,
+        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/five.keras", "target.label=0"),
+        "five.keras", "(None, 5)", "3 outputs",
+    )
+    assert "data.image_size" not in message
+
+
 def test_csv_without_the_label_column(config, tmp_path):
     (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=label"),
@@ -430,6 +441,18 @@ def test_csv_classes_that_are_numbers_are_ordered_by_value(tmp_path):
     (tmp_path / "t.csv").write_text("a,b,grade\n" + "\n".join(rows) + "\n")
     ds = data.load_csv(str(tmp_path / "t.csv"), "grade")
     assert ds.class_names == ("0", "1", "2", "10", "11")  # as text: "10" and "11" came before "2"
+
+
+def test_csv_in_another_encoding_is_named_with_the_fix(config, tmp_path):
+    (tmp_path / "t.csv").write_bytes("outcome,a\nM\xfcller,1\nx,2\n".encode("cp1252"))  # Excel's "CSV (Comma delimited)"
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",
+           "is not UTF-8 text (byte 0xfc", "CSV UTF-8")
+
+
+def test_csv_labels_that_are_not_all_finite_numbers_sort_as_text(tmp_path):
+    rows = "".join(f"{i},{label}\n" for i, label in enumerate(["nan", "2", "10"] * 8))
+    (tmp_path / "t.csv").write_text("a,grade\n" + rows)
+    assert data.load_csv(str(tmp_path / "t.csv"), "grade").class_names == ("10", "2", "nan")
 
 
 def test_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path):

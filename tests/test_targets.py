@@ -199,3 +199,11 @@ def test_the_dataset_tasks_target_is_named_with_what_it_moves():
     assert named(kind="suppress", top_k=20) == "suppress top 20"
     assert named(kind="suppress_feature", feature="worst area") == "suppress_feature 'worst area'"
     assert named(kind="swap_features", feature="age", like="income") == "swap_features 'age' like 'income'"
+
+
+def test_a_drawn_pattern_summing_below_zero_keeps_its_signs():
+    """Like a swapped class mean: scaled by its total's size, not turned into its opposite."""
+    from heatinv.targets import unit_total
+
+    pattern = np.array([[1.0, -3.0]], np.float32)
+    np.testing.assert_allclose(unit_total(pattern, "p.npy"), [[0.5, -1.5]])

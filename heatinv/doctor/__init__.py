@@ -48,6 +48,10 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
 
     Returns:
         A list of :class:`Finding`; empty when gradients flow.
+
+    Raises:
+        ValueError: ``x`` does not fit the model, the objective's target does not fit its
+            heatmap, or its explainer is bound to another model.
     """
     if objective.wrt == "input":  # an objective of the weights casts the input itself
         findings = checks.integer_input(x)

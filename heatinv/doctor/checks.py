@@ -347,13 +347,13 @@ def _softmax_of_logits_saturated(probe: Probe) -> list[Finding]:
     """Cross-entropy from logits: its gradient ``p - y`` is exactly 0 where the softmax rounds to one-hot."""
     if not all_zero(probe):
         return []
-    logits = probe.fwd.logits.numpy().astype(np.float64)
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    rest = 1.0 - p.max(axis=-1)
-    saturated = rest < np.finfo(probe.dtype.as_numpy_dtype).eps
+    # p - y is exactly 0 where every other probability is exactly 0 at the working precision
+    saturated = np.count_nonzero(tf.nn.softmax(probe.fwd.logits).numpy(), axis=-1) == 1
     if not saturated.any():
         return []
+    logits = probe.fwd.logits.numpy().astype(np.float64)
+    # the others' probabilities in float64, each exp(l - l_top) over a denominator of 1 + that sum
+    rest = np.sort(np.exp(logits - logits.max(axis=-1, keepdims=True)), axis=-1)[:, :-1].sum(axis=-1)
     gap = np.sort(logits, axis=-1)
     gap = gap[:, -1] - gap[:, -2]
     return [
@@ -501,7 +501,7 @@ def vanished_signal(steps, probe: Probe) -> list[Finding]:
 
 
 ABSORBED_FRACTION = 1e-6
-"""A heatmap summing to less than this share of its explained score has lost it on the way down."""
+"""A heatmap whose |values| sum to less than this share of its explained score has lost it on the way down."""
 
 
 def absorbed_relevance(probe: Probe) -> list[Finding]:
@@ -511,7 +511,7 @@ def absorbed_relevance(probe: Probe) -> list[Finding]:
     if probe.heatmap is None or probe.score is None or all_zero(probe):
         return []
     score = np.abs(probe.score.numpy().astype(np.float64))
-    kept = np.abs(probe.heatmap.numpy().astype(np.float64).reshape(len(score), -1).sum(axis=1))
+    kept = np.abs(probe.heatmap.numpy().astype(np.float64)).reshape(len(score), -1).sum(axis=1)  # all of it, either sign
     lost = (score > 0) & (kept < ABSORBED_FRACTION * score)  # NaN compares false: not proven
     if not lost.any():
         return []
@@ -522,7 +522,7 @@ def absorbed_relevance(probe: Probe) -> list[Finding]:
         Finding(
             "absorbed-relevance",
             None,
-            f"For {int(lost.sum())} of {len(score)} inputs the heatmap sums to less than {ABSORBED_FRACTION:g} of the "
+            f"For {int(lost.sum())} of {len(score)} inputs the heatmap's |values| sum to less than {ABSORBED_FRACTION:g} of the "
             f"explained score (at most {_fmt(float(np.max(kept[lost] / score[lost])))} of it; scores up to "
             f"{_fmt(float(score[lost].max()))}): the biases and stabilizers absorbed the rest on the way down, so the "
             f"heatmap and its gradients are about 0{varies}. A score made of biases, not of the input, looks "

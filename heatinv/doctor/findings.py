@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from heatinv.wording import count
+
 CODES = {
     "zero-residual": "the heatmap already equals the target, so the loss has a zero gradient",
     "dead-output": "the target class's output is zero behind a final ReLU, so no relevance enters",
@@ -50,7 +52,7 @@ def format_report(findings: list[Finding], context: str = "") -> str:
     head = f"heatinv doctor{': ' + context if context else ''}"
     if not findings:
         return f"{head}\nNo problems found: the gradients are non-zero and finite."
-    lines = [head, f"{len(findings)} finding{'s' if len(findings) != 1 else ''}:"]
+    lines = [head, f"{count(len(findings), 'finding')}:"]
     for i, finding in enumerate(findings, 1):
         where = f" [{finding.layer}]" if finding.layer else ""
         lines.append(f"{i}. {finding.code}{where}: {finding.message}")

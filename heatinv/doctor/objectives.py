@@ -16,7 +16,7 @@ from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, target_mask
 from heatinv.lrp.canonize import Linear, canonize
 from heatinv.lrp.propagate import Forward, forward
-from heatinv.models import in_float64, variable_tag
+from heatinv.models import variable_tag, with_dtype
 
 
 @dataclass
@@ -60,10 +60,10 @@ class HeatmapObjective:
     def probe(self, model: keras.Model, x, label, dtype: tf.DType) -> Probe:
         x = tf.cast(x, dtype)
         explainer = self.explainer
-        if dtype == tf.float64 and any(tf.as_dtype(v.dtype) != tf.float64 for v in model.trainable_variables):
-            # Differentiated through a cast, a float32 variable's gradient is rounded to float32:
-            # a float64 probe needs float64 variables.
-            model = in_float64(model)
+        if any(tf.as_dtype(v.dtype) != dtype for v in model.trainable_variables):
+            # Differentiated through a cast, a variable's gradient is rounded to its own dtype: a
+            # float64 probe needs float64 variables, a float32 probe of a float16 model float32 ones.
+            model = with_dtype(model, dtype.name)
             explainer = explainer.on(model)
         variables = model.trainable_variables
         loss_fn = heatmap_loss(self.loss, self.delta, self.normalize)

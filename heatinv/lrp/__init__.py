@@ -109,8 +109,8 @@ class LRP:
         """This explainer's rules on another model of the same layers, e.g. its float64 copy.
 
         Example:
-        >>> from heatinv.models import in_float64
-        >>> lrp64 = LRP(model).on(in_float64(model))  # doctest: +SKIP
+        >>> from heatinv.models import with_dtype
+        >>> lrp64 = LRP(model).on(with_dtype(model, "float64"))  # doctest: +SKIP
         """
         other = copy.copy(self)
         other.model = model

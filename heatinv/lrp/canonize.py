@@ -612,9 +612,8 @@ def _no_rule(layer) -> str:
     if not isinstance(layer, keras.layers.Layer) and isinstance(as_layer, type) and _has_rule(as_layer):
         # keras.ops.concatenate and keras.layers.Concatenate share the class name; only the layer has a rule
         return (
-            f"Keras op {layer.name!r} ({name}) has no LRP rule in heatinv: written into a model as an op, "
-            f"heatinv cannot see which of its operands is which. Use the layer keras.layers.{name} instead, "
-            "and rebuild the model."
+            f"Keras op {layer.name!r} ({name}) has no LRP rule in heatinv; the layer of its kind has one. Use "
+            f"keras.layers.{name} instead of the op, and rebuild the model."
         )
     if not isinstance(layer, keras.layers.Layer) and hasattr(keras.activations, name.lower()):
         return (

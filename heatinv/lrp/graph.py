@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import keras
 
+from heatinv.wording import count
+
 MODEL_INPUT = -1
 """The source index that stands for the model's input tensor."""
 
@@ -92,7 +94,7 @@ def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
         )
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise UnsupportedLayerError(
-            f"Model {model.name!r} has {_count(len(model.inputs), 'input')} and {_count(len(model.outputs), 'output')}; "
+            f"Model {model.name!r} has {count(len(model.inputs), 'input')} and {count(len(model.outputs), 'output')}; "
             "heatinv explains models with one input and one output. Explain one output at a time, "
             "keras.Model(model.inputs, model.outputs[k]), and give a model of several inputs as one "
             "(concatenate them before the model, split them inside it)."
@@ -118,7 +120,3 @@ def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
                 index = len(calls) - 1
             produced[id(node.outputs[0])] = index
     return produced[id(model.outputs[0])]
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
