@@ -292,9 +292,10 @@ def dead_units(steps, probe: Probe) -> list[Finding]:
         if largest < FAR_BELOW_ZERO:
             fix = (
                 f"Their inputs are far below 0, where a smooth activation's slope (softplus with beta 10: "
-                f"sigmoid(10 z) < {_fmt(1 / (1 + np.exp(-10 * FAR_BELOW_ZERO)))}) is about 0 too: re-initialize "
-                f"{step.name}'s bias (to 0, say: layer.bias.assign(tf.zeros_like(layer.bias)), or its "
-                "bias_initializer) or start from other weights."
+                f"sigmoid(10 z) < {_fmt(1 / (1 + np.exp(-10 * FAR_BELOW_ZERO)))}) is about 0 too: bring the offset "
+                f"of {step.name} back to about 0 (its bias: layer.bias.assign(tf.zeros_like(layer.bias)), or its "
+                "bias_initializer; for a layer without bias, the beta and moving_mean of the BatchNorm after it), or "
+                "start from other weights (another trainer.seed, or init=reference)."
             )
         else:
             fix = (
