@@ -46,7 +46,7 @@ import keras
 import tensorflow as tf
 
 from heatinv.lrp import LRP
-from heatinv.lrp.canonize import Merge, Pool
+from heatinv.lrp.canonical import Merge, Pool
 
 MODES = ("eager", "function", "xla", "auto")
 

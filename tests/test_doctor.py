@@ -24,7 +24,7 @@ from heatinv.doctor import (
 )
 from heatinv.doctor import checks
 from heatinv.lrp import LRP
-from heatinv.lrp.canonize import canonize
+from heatinv.lrp.canonical import canonize
 from heatinv.models import Architecture, build_model
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import numpy_graph
 from heatinv.lrp import LRP, UnsupportedLayerError, relevance
-from heatinv.lrp.canonize import Merge, canonize
+from heatinv.lrp.canonical import Merge, canonize
 from heatinv.lrp import propagate
 from heatinv.lrp.composites import resolve
 from heatinv.lrp.propagate import carry_bounds, forward, logit_step, nonnegative_steps, rectified_steps
@@ -505,7 +505,7 @@ def zoo(name: str, bias: bool = True) -> keras.Model:
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_every_linear_transpose_is_the_adjoint_of_its_map(name, rng):
     """``<W a, s> = <a, W^T s>`` for random ``a`` and ``s``: the transpose the rules use is exact."""
-    from heatinv.lrp.canonize import Linear
+    from heatinv.lrp.canonical import Linear
 
     model = zoo(name)
     steps = canonize(model)

@@ -79,3 +79,28 @@ def test_no_module_imports_one_that_imports_it_back():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def names_bound(init: Path) -> set[str]:
+    """The names a package's ``__init__.py`` binds at its top level to something other than its own submodules."""
+    bound, package = set(), module_name(init)
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module == package:
+            continue  # `from heatinv.doctor import checks` binds the submodule itself
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.Assign):
+            bound |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return bound
+
+
+def test_no_package_hides_a_module_behind_a_name_of_its_own():
+    # `from heatinv.lrp.canonize import canonize` in heatinv/lrp/__init__.py made
+    # `import heatinv.lrp.canonize as m` give the function, and the module unreachable by its name.
+    clashes = []
+    for init in PACKAGE.rglob("__init__.py"):
+        submodules = {p.stem for p in init.parent.glob("*.py")} | {p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()}
+        clashes += [f"{module_name(init)}.{name}" for name in sorted(names_bound(init) & (submodules - {"__init__"}))]
+    assert not clashes, f"a package binds the name of its own submodule: {clashes}"

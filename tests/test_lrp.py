@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from conftest import MODELS, conv_model, dense_model, inputs_for
 from heatinv.lrp import COMPOSITES, LRP, UnsupportedLayerError, relevance
-from heatinv.lrp.canonize import canonize
+from heatinv.lrp.canonical import canonize
 from heatinv.lrp.propagate import forward
 
 

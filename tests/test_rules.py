@@ -933,7 +933,7 @@ def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_fi
 def test_a_channels_first_max_pooling_has_no_window() -> None:
     """The window routings lay out ``[batch, ..., channels]``: a channels-first layer goes
     through max pooling's own gradient (its window is None); a channels-last one has one."""
-    from heatinv.lrp.canonize import Pool
+    from heatinv.lrp.canonical import Pool
 
     for data_format, want in (("channels_first", None), ("channels_last", (2, 2))):
         layer = L.MaxPooling2D(2, data_format=data_format)

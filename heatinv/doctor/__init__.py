@@ -21,7 +21,7 @@ from heatinv.doctor import checks
 from heatinv.doctor.findings import CODES, Finding, format_report
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, SaliencyObjective
 from heatinv.lrp import model_input
-from heatinv.lrp.canonize import canonize
+from heatinv.lrp.canonical import canonize
 
 __all__ = [
     "CODES",

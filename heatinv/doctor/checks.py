@@ -14,7 +14,7 @@ import tensorflow as tf
 from heatinv.doctor.findings import Finding
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, Probe, SaliencyObjective, ends_in_softmax
 from heatinv.layers import SoftplusBeta
-from heatinv.lrp.canonize import Elementwise, Linear
+from heatinv.lrp.canonical import Elementwise, Linear
 
 DEAD_UNITS_FRACTION = 0.9
 """A layer is reported when at least this share of its units is inactive for the whole batch."""

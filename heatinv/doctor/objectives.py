@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, target_mask
-from heatinv.lrp.canonize import Linear, canonize
+from heatinv.lrp.canonical import Linear, canonize
 from heatinv.lrp.propagate import Forward, forward
 from heatinv.models import variable_tag, with_dtype
 

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from heatinv.lrp.canonize import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
+from heatinv.lrp.canonical import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
 from heatinv.lrp.composites import COMPOSITES, Composite, resolve
 from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step
 from heatinv.lrp.rules import RULES, make_rule, stabilize

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from heatinv.lrp.canonize import (
+from heatinv.lrp.canonical import (
     Elementwise,
     Linear,
     Merge,
@@ -149,7 +149,7 @@ def nonnegative_steps(steps: list[Step]) -> set[int]:
     Example:
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
     ...                           keras.layers.Dense(2)])
-    >>> from heatinv.lrp.canonize import canonize
+    >>> from heatinv.lrp.canonical import canonize
     >>> sorted(nonnegative_steps(canonize(model)))
     [0]
     """
@@ -197,7 +197,7 @@ def rectified_steps(steps: list[Step], composite: Composite, start: int) -> set[
     Example:
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
     ...                           keras.layers.Dense(2)])
-    >>> from heatinv.lrp.canonize import canonize
+    >>> from heatinv.lrp.canonical import canonize
     >>> from heatinv.lrp.composites import resolve
     >>> sorted(rectified_steps(canonize(model), resolve("epsilon"), start=1))
     [0]
