@@ -184,16 +184,18 @@ def _engine_error(x, target) -> tuple[type, str] | None:
         return ValueError, "does not fit model"
     batch = x.shape[0]
     if isinstance(target, int):
-        return None if 0 <= target < CLASSES else (ValueError, "is out of range")
+        return None if 0 <= target < CLASSES else (ValueError, "out of range")
     t = np.asarray(target)
     if t.dtype.kind in "iu":
-        if t.size and (t.min() < 0 or t.max() >= CLASSES):
-            return ValueError, "is out of range"
-        if t.ndim == 0:
-            return None
-        if t.ndim != 1:
-            return ValueError, r"An integer target must be a scalar or a \[batch\] vector"
-        return None if t.shape[0] == batch else (ValueError, "entries for a batch of")
+        if t.ndim == 2 and t.shape[1] == CLASSES:  # a one-hot
+            return None if t.shape[0] == batch else (ValueError, "entries for a batch of")
+        if t.ndim == 2 and t.shape[1] == 1:  # a column of labels
+            t = t[:, 0]
+        if t.ndim > 1:
+            return ValueError, r"An integer target is a class index: a scalar, a \[batch\] vector"
+        if t.ndim == 1 and t.shape[0] != batch:
+            return ValueError, "entries for a batch of"
+        return (ValueError, "out of range") if t.size and (t.min() < 0 or t.max() >= CLASSES) else None
     if t.dtype.kind in "fb" and t.ndim == 2 and t.shape[1] == CLASSES:
         return None if t.shape[0] == batch else (ValueError, "entries for a batch of")
     return ValueError, "A non-integer target must be a one-hot"

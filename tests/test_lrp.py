@@ -269,8 +269,36 @@ def test_target_forms_agree(target, rng):
 def test_a_target_out_of_range_is_refused_in_every_form(target):
     """``tf.one_hot`` turns an index out of range into a row of zeros: an all-zero heatmap, silently."""
     model = dense_model()  # 3 classes
-    with pytest.raises(ValueError, match="out of range for a model with 3 classes"):
+    with pytest.raises(ValueError, match=r"out of range for a model with 3 output units: class indices are 0 to 2"):
         relevance(model, np.ones((2, 6), "float32"), target)
+
+
+@pytest.mark.parametrize("target", [np.eye(3, dtype="int32")[[1, 1]], [[0, 1, 0], [0, 1, 0]], np.array([[1], [1]])])
+def test_an_integer_one_hot_and_a_column_of_labels_are_targets(target, rng):
+    # keras.datasets gives labels as a [batch, 1] column; tf.one_hot(..., dtype=tf.int32) an integer one-hot
+    model = dense_model()  # 3 classes
+    x = inputs_for(model, rng)[:2]
+    np.testing.assert_array_equal(relevance(model, x, target), relevance(model, x, 1))
+
+
+def test_a_model_of_one_output_unit_is_told_its_only_class_index():
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
+    with pytest.raises(ValueError, match="The target names class 1, out of range for a model with 1 output unit: the only class index is 0"):
+        relevance(model, np.ones((2, 6), "float32"), 1)
+
+
+def test_a_target_passed_to_a_tf_function_is_checked_when_it_runs():
+    """A label tensor given as the function's argument is not known when tracing: checked in the graph."""
+    model = dense_model()  # 3 classes
+    explain = tf.function(LRP(model, "epsilon").__call__, input_signature=[tf.TensorSpec([None, 6]), tf.TensorSpec([None], tf.int32)])
+    x = np.ones((2, 6), "float32")
+    assert np.abs(explain(x, tf.constant([2, 0])).numpy()).sum() > 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of range; class indices are 0 to 2"):
+        explain(x, tf.constant([9, 0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="negative class"):
+        explain(x, tf.constant([-1, 0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="another number of entries than the batch"):
+        explain(x, tf.constant([0, 1, 2]))
 
 
 def test_unsupported_layer_names_layer_class_and_supported_list():
@@ -285,8 +313,13 @@ def test_bad_inputs_get_clear_errors():
     model = dense_model()
     with pytest.raises(TypeError, match="floating input"):
         relevance(model, np.ones((1, 6), "int32"), 0)
-    with pytest.raises(ValueError, match=r"does not fit model"):
+    with pytest.raises(ValueError, match=r"does not fit model.*Reshape it to \(batch, 6\)"):
         relevance(model, np.ones((1, 5), "float32"), 0)
+    with pytest.raises(ValueError, match=r"without the batch axis: x\[None\]"):
+        relevance(model, np.ones((6,), "float32"), 0)
+    with pytest.raises(ValueError, match=r"lacks the channel axis \(one channel\): x\[\.\.\., None\]"):
+        grayscale = keras.Sequential([keras.Input((12, 12, 1)), keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(3)])
+        relevance(grayscale, np.ones((2, 12, 12), "float32"), 0)
     with pytest.raises(ValueError, match="out of range"):
         relevance(model, np.ones((1, 6), "float32"), 3)
     with pytest.raises(ValueError, match="Unknown LRP composite"):

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # whether a trace is XLA-compiled: no public API
 
 from heatinv.lrp.canonical import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
 from heatinv.lrp.composites import COMPOSITES, Composite, resolve
 from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step
 from heatinv.lrp.rules import RULES, make_rule, stabilize
+from heatinv.wording import count
 
 __all__ = [
     "COMPOSITES",
@@ -191,20 +193,49 @@ def model_input(x, model: keras.Model) -> tf.Tensor:
         if not fits:
             raise ValueError(
                 f"Input of shape {given} does not fit model {model.name!r}, which expects "
-                f"{expected} (None = any). Add a batch axis or reshape the input."
+                f"{expected} (None = any). {_shape_fix(given, expected)}"
             )
     return x
 
 
+def _shape_fix(given: tuple, expected: tuple) -> str:
+    """What to do to an input of shape ``given`` for a model that takes ``expected`` (batch first)."""
+
+    def fits(shape, wanted):
+        return len(shape) == len(wanted) and all(w is None or s == w for s, w in zip(shape, wanted))
+
+    if fits(given, expected[1:]):
+        return "It is one example without the batch axis: x[None] gives a batch of one."
+    if expected[-1] == 1 and fits(given, expected[:-1]):
+        return "It lacks the channel axis (one channel): x[..., None] adds it."
+    return f"Reshape it to (batch, {', '.join(str(d) for d in expected[1:])})."
+
+
 def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
-    """A ``[batch, classes]`` selector from an int, an int vector or a one-hot matrix.
+    """A ``[batch, classes]`` selector from class indices or a one-hot matrix.
+
+    Args:
+        target: an int (every example), an int ``[batch]`` vector or ``[batch, 1]`` column
+            (Keras's sparse labels), or a one-hot ``[batch, classes]`` (float, bool or int;
+            any weights, e.g. to explain a sum of classes).
+        logits: ``[batch, classes]``.
+
+    Returns:
+        ``[batch, classes]`` in the logits' dtype.
 
     Raises:
         UnsupportedLayerError: the logits are not ``[batch, classes]`` (a per-timestep or
             per-pixel output).
-        ValueError: a target index out of range, where its value is known when tracing (a
-            number, a list, an array, an eager or constant tensor); a computed index inside
-            ``tf.function`` is not checked, and one out of range selects nothing.
+        ValueError: a class index out of range, where its value is known when tracing (a
+            number, a list, an array, an eager or constant tensor). A tensor argument of a
+            ``tf.function`` is checked when the function runs (``InvalidArgumentError``),
+            except under XLA, which drops assertions: there an index out of range selects
+            nothing.
+
+    Example:
+    >>> target_mask([2, 0], tf.zeros([2, 3])).numpy()
+    array([[0., 0., 1.],
+           [1., 0., 0.]], dtype=float32)
     """
     if logits.shape.rank != 2:
         raise UnsupportedLayerError(
@@ -212,27 +243,56 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
             f"model's last Dense/Conv layer gives {tuple(logits.shape)} (None = any). Reduce the other axes "
             "before it (Flatten or GlobalAveragePooling, then keras.layers.Dense(classes))."
         )
-    classes = logits.shape[-1]
+    classes, batch = logits.shape[-1], logits.shape[0]
     target = tf.convert_to_tensor(target)
+    if target.dtype.is_integer and target.shape.rank == 2 and target.shape[-1] == classes and classes > 1:
+        target = tf.cast(target, logits.dtype)  # an integer one-hot
     if target.dtype.is_integer:
-        values = tf.get_static_value(target)
-        if values is not None and np.size(values) and (np.min(values) < 0 or np.max(values) >= classes):
-            raise ValueError(f"target {np.asarray(values).tolist()} is out of range for a model with {classes} classes.")
-    batch = logits.shape[0]
-    if target.dtype.is_integer:
+        if target.shape.rank == 2 and target.shape[-1] == 1:
+            target = target[:, 0]
         if target.shape.rank == 0:
             target = tf.fill(tf.shape(logits)[:1], target)
         if target.shape.rank != 1:
-            raise ValueError(f"An integer target must be a scalar or a [batch] vector, got shape {target.shape}.")
+            raise ValueError(
+                f"An integer target is a class index: a scalar, a [batch] vector or a [batch, 1] column, or a "
+                f"one-hot [batch, {classes}]; got shape {tuple(target.shape)}."
+            )
         _check_batch(target.shape[0], batch)
-        return tf.one_hot(target, classes, dtype=logits.dtype)
+        return tf.one_hot(_in_range(target, classes, logits), classes, dtype=logits.dtype)
     if not (target.dtype.is_floating or target.dtype == tf.bool) or target.shape.rank != 2 or target.shape[-1] != classes:
         raise ValueError(
             f"A non-integer target must be a one-hot (float) array of shape [batch, {classes}], got "
-            f"{target.dtype.name} of shape {target.shape}."
+            f"{target.dtype.name} of shape {tuple(target.shape)}."
         )
     _check_batch(target.shape[0], batch)
     return tf.cast(target, logits.dtype)
+
+
+def _in_range(indices: tf.Tensor, classes: int, logits: tf.Tensor) -> tf.Tensor:
+    """``indices``, checked to lie in ``0..classes-1`` now where known, else when the graph runs."""
+    valid = "the only class index is 0" if classes == 1 else f"class indices are 0 to {classes - 1}"
+    values = tf.get_static_value(indices)
+    if values is not None:
+        values = np.asarray(values)
+        wrong = np.unique(values[(values < 0) | (values >= classes)])
+        if wrong.size:
+            shown = ", ".join(str(v) for v in wrong[:10]) + (", ..." if wrong.size > 10 else "")
+            raise ValueError(
+                f"The target names class {shown}, out of range for a model with "
+                f"{count(classes, 'output unit')}: {valid}."
+            )
+        return indices
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        return indices  # XLA drops assertions (with a warning per compile)
+    checks = [
+        tf.debugging.assert_non_negative(indices, message=f"The target names a negative class; {valid}."),
+        tf.debugging.assert_less(indices, tf.cast(classes, indices.dtype), message=f"The target names a class out of range; {valid}."),
+        tf.debugging.assert_equal(
+            tf.shape(indices)[0], tf.shape(logits)[0], message="The target has another number of entries than the batch has inputs; give one per input."
+        ),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(indices)
 
 
 def _check_batch(given, expected) -> None:
