@@ -752,6 +752,17 @@ def test_engine_zbox_array_bounds(cases: dict[str, Case]) -> None:
                    want, np.float64, "zbox array bounds")
 
 
+def test_engine_zbox_bounds_of_another_shape_are_named(cases: dict[str, Case]) -> None:
+    c = cases["dense"]  # 4 input features
+    with pytest.raises(ValueError, match=r"LRP-z\^B's high has shape \(5,\), which does not broadcast to one input of shape \(4,\)"):
+        engine(c.model, c.x, 0, composite="epsilon_gamma_box", low=-1.0, high=np.ones(5))
+    with_batch_axis = np.array([[-1.0, -2.0, -1.5, -1.2]])  # [1, features] broadcasts to every example, as before
+    np.testing.assert_array_equal(
+        engine(c.model, c.x, 0, composite="epsilon_gamma_box", low=with_batch_axis, high=3.0),
+        engine(c.model, c.x, 0, composite="epsilon_gamma_box", low=with_batch_axis[0], high=3.0),
+    )
+
+
 def _target_forms(batch: int) -> dict[str, Any]:
     t = TARGET[:batch]
     return {"int": 1, "array": t, "onehot": np.eye(3)[t]}

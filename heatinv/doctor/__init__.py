@@ -1,6 +1,7 @@
 """The zero-gradient doctor: find, name and fix every reason a gradient comes back all zeros.
 
->>> from heatinv.doctor import diagnose, HeatmapObjective
+>>> from heatinv.doctor import diagnose, format_report, HeatmapObjective
+>>> from heatinv.lrp import LRP
 >>> findings = diagnose(model, x, label, HeatmapObjective(target, LRP(model)))  # doctest: +SKIP
 >>> print(format_report(findings))  # doctest: +SKIP
 
@@ -38,7 +39,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     """Differentiate ``objective`` at ``x`` and return every cause of vanishing gradients found.
 
     Args:
-        model: a built Keras model (a single chain of layers heatinv's LRP engine supports).
+        model: a built Keras model that heatinv's LRP engine explains (chains and graphs alike).
         x: ``[batch, *input_shape]`` input.
         label: the explained class: an int, ``[batch]`` ints, or one-hot ``[batch, classes]``.
         objective: :class:`HeatmapObjective` (gradients with respect to the weights),
@@ -47,7 +48,10 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
             compared with float64 to find underflow.
 
     Returns:
-        A list of :class:`Finding`; empty when gradients flow.
+        A list of :class:`Finding`; empty when gradients flow. A finding's ``fix`` names the
+        setting as ``python -m heatinv.train`` takes it; in Python the same setting is the
+        argument of that name (``lrp.output=logit`` is ``LRP(model, output="logit")``,
+        ``model.output_activation=linear`` a last layer without activation).
 
     Raises:
         ValueError: ``x`` does not fit the model, the objective's target does not fit its

@@ -78,7 +78,7 @@ class HeatmapObjective:
 
 
 def _check_broadcasts(target: tuple, heatmap: tuple) -> None:
-    """A target of the heatmap's shape, or one that broadcasts to it (one channel for all)."""
+    """A target of the heatmap's (or saliency map's) shape, or one that broadcasts to it (one channel for all)."""
     try:
         fits = np.broadcast_shapes(target, heatmap) == heatmap
     except ValueError:
@@ -147,6 +147,7 @@ class ExplanationObjective:
                 fwd = forward(steps, x)
                 score = tf.reduce_sum(fwd.logits * target_mask(label, fwd.logits))
             saliency = inner.gradient(score, x)
+            _check_broadcasts(np.shape(self.target), tuple(saliency.shape))
             loss = tf.reduce_mean(tf.square(saliency - tf.cast(self.target, dtype)))
         return Probe(float(loss), {"input": outer.gradient(loss, x)}, fwd, saliency, dtype)
 
