@@ -299,6 +299,9 @@ def test_a_target_passed_to_a_tf_function_is_checked_when_it_runs():
         explain(x, tf.constant([-1, 0]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="another number of entries than the batch"):
         explain(x, tf.constant([0, 1, 2]))
+    every = tf.function(lambda x: LRP(model, "epsilon")(x, 5), input_signature=[tf.TensorSpec([None, 6])])
+    with pytest.raises(ValueError, match="The target names class 5, out of range"):  # a constant: refused when tracing
+        every.get_concrete_function()
 
 
 def test_unsupported_layer_names_layer_class_and_supported_list():

@@ -250,15 +250,17 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
     if target.dtype.is_integer:
         if target.shape.rank == 2 and target.shape[-1] == 1:
             target = target[:, 0]
-        if target.shape.rank == 0:
-            target = tf.fill(tf.shape(logits)[:1], target)
-        if target.shape.rank != 1:
+        if target.shape.rank not in (0, 1):
             raise ValueError(
                 f"An integer target is a class index: a scalar, a [batch] vector or a [batch, 1] column, or a "
                 f"one-hot [batch, {classes}]; got shape {tuple(target.shape)}."
             )
-        _check_batch(target.shape[0], batch)
-        return tf.one_hot(_in_range(target, classes, logits), classes, dtype=logits.dtype)
+        if target.shape.rank == 1:
+            _check_batch(target.shape[0], batch)
+        target = _in_range(target, classes, logits)
+        if target.shape.rank == 0:
+            target = tf.fill(tf.shape(logits)[:1], target)
+        return tf.one_hot(target, classes, dtype=logits.dtype)
     if not (target.dtype.is_floating or target.dtype == tf.bool) or target.shape.rank != 2 or target.shape[-1] != classes:
         raise ValueError(
             f"A non-integer target must be a one-hot (float) array of shape [batch, {classes}], got "
@@ -287,10 +289,13 @@ def _in_range(indices: tf.Tensor, classes: int, logits: tf.Tensor) -> tf.Tensor:
     checks = [
         tf.debugging.assert_non_negative(indices, message=f"The target names a negative class; {valid}."),
         tf.debugging.assert_less(indices, tf.cast(classes, indices.dtype), message=f"The target names a class out of range; {valid}."),
-        tf.debugging.assert_equal(
-            tf.shape(indices)[0], tf.shape(logits)[0], message="The target has another number of entries than the batch has inputs; give one per input."
-        ),
     ]
+    if indices.shape.rank == 1:
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.shape(indices)[0], tf.shape(logits)[0], message="The target has another number of entries than the batch has inputs; give one per input."
+            )
+        )
     with tf.control_dependencies(checks):
         return tf.identity(indices)
 
