@@ -293,9 +293,9 @@ def test_a_target_passed_to_a_tf_function_is_checked_when_it_runs():
     explain = tf.function(LRP(model, "epsilon").__call__, input_signature=[tf.TensorSpec([None, 6]), tf.TensorSpec([None], tf.int32)])
     x = np.ones((2, 6), "float32")
     assert np.abs(explain(x, tf.constant([2, 0])).numpy()).sum() > 0
-    with pytest.raises(tf.errors.InvalidArgumentError, match="out of range; class indices are 0 to 2"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range \(class indices are 0 to 2\).*\[9 0\]"):
         explain(x, tf.constant([9, 0]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="negative class"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range.*\[-1 0\]"):
         explain(x, tf.constant([-1, 0]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="another number of entries than the batch"):
         explain(x, tf.constant([0, 1, 2]))
