@@ -162,7 +162,7 @@ def check_inputs_outside_run_writes(out: str, inputs: dict[str, str | None]) -> 
 
 
 def clear_run_directory(out: str) -> None:
-    """Remove what an earlier run wrote (:data:`RUN_WRITES`) but this run's ``checkpoints/config.yaml``.
+    """Remove what an earlier run wrote (:data:`RUN_WRITES`).
 
     Called when a run that starts over (``trainer.overwrite=true``) is built, so that a config
     that fails to build leaves the old results as they were; afterwards no resume can pick up
@@ -170,12 +170,7 @@ def clear_run_directory(out: str) -> None:
     """
     for name in RUN_WRITES:
         path = os.path.join(out, name)
-        if name == CHECKPOINTS and os.path.isdir(path):
-            for entry in os.listdir(path):
-                if entry != RUN_CONFIG:
-                    entry_path = os.path.join(path, entry)
-                    shutil.rmtree(entry_path) if os.path.isdir(entry_path) else os.remove(entry_path)
-        elif os.path.isdir(path):
+        if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
@@ -309,10 +304,13 @@ def check_resume_step(out: str, completed: int, setting: str, value: int, steps_
     total = value * steps_each
     asked = f"{setting}={value}" + (f" ({steps_each} steps each)" if steps_each > 1 else "")
     if completed > total:
+        least = -(-completed // steps_each)
+        if least * steps_each == completed and results_written(out):
+            least += 1  # a length that ends at the checkpoint is the finished run itself
         raise ResumeError(
             f"trainer.resume=true: the newest checkpoint in {out} is after step {completed}, past the {total} steps "
             f"that {asked} asks for; a resumed run goes on from its checkpoint, never back. Its files were left as they are. "
-            f"Resume with {setting}={-(-completed // steps_each)} or more."
+            f"Resume with {setting}={least} or more."
         )
     if completed == total and results_written(out):
         raise RunFinished(

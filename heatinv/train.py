@@ -10,6 +10,7 @@ Hydra entry point. The task returns ``1 - cosine`` so a sweeper can minimize it.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -28,7 +29,6 @@ from heatinv.build import Parts, build_parts  # noqa: E402
 from heatinv.job_log import DONE_MARK  # noqa: E402
 from heatinv.checkpoints import (  # noqa: E402
     CHECKPOINTS,
-    RUN_CONFIG,
     Checkpointer,
     RESULT_FILES,
     RunDirectoryError,
@@ -83,28 +83,32 @@ def run(cfg) -> dict:
     check_inputs_outside_run_writes(out, _input_paths(cfg))
     guard_run_directory(out, cfg.trainer.resume, cfg.trainer.overwrite)
     changed = check_resumable(out, cfg) if cfg.trainer.resume else []
-    if not cfg.trainer.resume:
-        # as given: building fills in defaults (lrp.low/high from the data) that a resume's config leaves unset
-        save_run_config(out, cfg)
+    # as given: building fills in defaults (lrp.low/high from the data) that a resume's config leaves unset
+    as_given = copy.deepcopy(cfg)
     log.info(f"heatinv: loading the {cfg.data.name} data and the {cfg.model.name} models")
-    return run_task(cfg, build_parts(cfg), changed)
+    return run_task(cfg, build_parts(cfg), changed, as_given)
 
 
-def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
+def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None) -> dict:
     """The task of ``cfg`` on ``parts``, from its target to its files (the second half of :func:`run`).
 
     Args:
         cfg: a validated config whose run directory was checked.
         parts: the data and models (:func:`heatinv.build.build_parts`, or a test's own).
         changed: settings a resume changes (said when resuming).
+        as_given: ``cfg`` before building filled in its defaults, kept with a new run's
+            checkpoints (default: ``cfg``).
 
     Returns:
         The metrics written to ``metrics.json``.
     """
     out, trainer = cfg.paths.output_dir, cfg.trainer
     task = DatasetTask(cfg, parts) if cfg.task.kind == "dataset" else SingleTask(cfg, parts)
-    if trainer.overwrite and not trainer.resume:  # only now: a config that fails to build leaves the old run whole
-        clear_run_directory(out)
+    if not trainer.resume:
+        # only now, once built: a config that fails to build leaves an old run whole, its checkpoints' config too
+        if trainer.overwrite:
+            clear_run_directory(out)
+        save_run_config(out, cfg if as_given is None else as_given)
     checkpointer = Checkpointer(out, task.student, task.optimizer, **task.state)
     start = 0
     if trainer.resume:
@@ -116,8 +120,6 @@ def run_task(cfg, parts: Parts, changed: list[str] = ()) -> dict:
         log.info(f"heatinv: resuming {out} after step {start} of {task.total}")
         if changed:
             log.info(f"heatinv: resuming with changed settings: {'; '.join(changed)}")
-    elif not os.path.isfile(os.path.join(out, CHECKPOINTS, RUN_CONFIG)):  # run_task called without run()
-        save_run_config(out, cfg)
 
     with Summaries(os.path.join(out, "tensorboard"), task.axis) as summaries:
         summaries.start_session(task.log_step(start) + 1 if start else 0)

@@ -249,9 +249,12 @@ def test_overwrite_true_starts_over_and_removes_the_old_checkpoints(composed):
         run(again())
     old_events = sorted((out / "tensorboard").glob("events.out.tfevents*"))
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"}
+    run_config = (out / "checkpoints" / "config.yaml").read_bytes()
     with pytest.raises(ConfigError):  # an overwrite whose config fails to build leaves the old run whole
         run(again("trainer.overwrite=true", "target.label=42"))
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"} == kept
+    # the config its checkpoints were made with too: rewritten, it made the old run's own resume refused
+    assert (out / "checkpoints" / "config.yaml").read_bytes() == run_config
     assert sorted((out / "tensorboard").glob("events.out.tfevents*")) == old_events
     metrics = run(again("trainer.overwrite=true"))
     assert metrics["steps"] == 3 and read_metrics(out)["steps"] == 3

@@ -279,9 +279,8 @@ def test_checkpoints_of_an_unfinished_run_are_neither_reused_nor_lost_silently(t
         guard_run_directory(str(tmp_path), resume=False, overwrite=False)
     guard_run_directory(str(tmp_path), resume=True, overwrite=False)
     assert (tmp_path / "checkpoints" / "ckpt-20.index").exists()
-    (tmp_path / "checkpoints" / "config.yaml").write_text("{}")  # the new run's, saved before it builds
     clear_run_directory(str(tmp_path))  # starting over removes them, once the new run is built
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["config.yaml"]
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_cache):
@@ -296,8 +295,9 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
     written = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     events = sorted(p.name for p in (out / "tensorboard").iterdir())
     again = lambda *extra: compose_run(out, reference_cache, "trainer.resume=true", *settings, *extra)  # noqa: E731
+    # trainer.steps=8 would be the finished run itself: the next length that resumes is 9
     expect(ResumeError, again("trainer.steps=4"), "after step 8, past the 4 steps that trainer.steps=4 asks for",
-           "trainer.steps=8 or more")
+           "trainer.steps=9 or more")
     expect(RunDirectoryError, again("trainer.steps=8"), "holds a finished run", "step 8 of the 8", "trainer.steps=9 or more",
            "trainer.overwrite=true")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "train.log"} == {
@@ -313,7 +313,7 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
     assert train.run(again("trainer.steps=16"))["steps"] == 16  # extending goes on
     # Extended, the run's own first length is now a step back (its checkpoints/config.yaml still says 8:
     # read from there, 16 = 2 x 8 was taken for a finished run of "2 steps each").
-    expect(ResumeError, again("trainer.steps=8"), "after step 16, past the 8 steps that trainer.steps=8 asks", "trainer.steps=16 or more")
+    expect(ResumeError, again("trainer.steps=8"), "after step 16, past the 8 steps that trainer.steps=8 asks", "trainer.steps=17 or more")
     expect(RunDirectoryError, again("trainer.steps=16"), "holds a finished run", "step 16 of the 16 that trainer.steps=16 asks",
            "trainer.steps=17 or more")
     # TensorBoard keeps a run's first HParams row (trainer.steps=8); final/steps, written last, says 16.
