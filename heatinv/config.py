@@ -426,7 +426,7 @@ def validate(cfg) -> None:
         cfg, "target.path", target.kind == "file" or pattern_file, f"target={target.kind} builds its own heatmap",
         "target=file target.path={} (a heatmap), or target=pattern target.pattern=file target.path={} (a pattern)",
     )
-    _check_read(cfg, "target.image", target.kind == "file", f"target={target.kind} explains a held-out image", "target=file target.image={}")
+    _check_read(cfg, "target.image", target.kind == "file", f"target={target.kind} explains a held-out image", "target=file target.path=<heatmap>.npy target.image={}")
     if cfg.target.kind == "file" and not cfg.target.path:
         raise ConfigError(
             "target=file needs target.path=/path/to/heatmap.npy (or .png), and target.image=/path/to/input.npy "

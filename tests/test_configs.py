@@ -119,7 +119,7 @@ def test_file_choices_need_a_path(compose_train, group):
         (["data=tabular", "data.path=t.csv"], "data.path", "data.path=t.csv"),
         (["target.path=map.npy"], "target.path", "target=file target.path=map.npy"),
         (["target=pattern", "target.path=p.png"], "target.path", "target.pattern=file target.path=p.png"),
-        (["target.image=x.npy"], "target.image", "target=file target.image=x.npy"),
+        (["target.image=x.npy"], "target.image", "target=file target.path=<heatmap>.npy target.image=x.npy"),
     ],
 )
 def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides, key, fix):
