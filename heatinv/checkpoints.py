@@ -176,6 +176,35 @@ def clear_run_directory(out: str) -> None:
             os.remove(path)
 
 
+HYDRA_RECORD = "hydra"
+"""``checkpoints/hydra/``: a copy of Hydra's ``.hydra/`` files of the start that ran."""
+
+
+def keep_hydra_record(out: str, subdir: str) -> None:
+    """Copy Hydra's record of this start (``<out>/<subdir>/*.yaml``) next to the run's checkpoints.
+
+    Hydra writes its record before the run can refuse to start; :func:`restore_hydra_record`
+    puts this copy back, so a refused start leaves the record of the run that is there.
+    """
+    _copy_files(os.path.join(out, subdir), os.path.join(out, CHECKPOINTS, HYDRA_RECORD))
+
+
+def restore_hydra_record(out: str, subdir: str) -> bool:
+    """Put back the Hydra record :func:`keep_hydra_record` kept, if any; whether it did."""
+    return _copy_files(os.path.join(out, CHECKPOINTS, HYDRA_RECORD), os.path.join(out, subdir))
+
+
+def _copy_files(source: str, destination: str) -> bool:
+    """Copy the files of folder ``source`` into ``destination``, each whole; whether there was a ``source``."""
+    if not os.path.isdir(source):
+        return False
+    for entry in os.scandir(source):
+        if entry.is_file():
+            with atomic_path(os.path.join(destination, entry.name)) as tmp:
+                shutil.copyfile(entry.path, tmp)
+    return True
+
+
 def results_written(out: str) -> bool:
     """Whether every result file of a run is in ``out`` (``metrics.json`` is written last)."""
     return all(os.path.exists(os.path.join(out, name)) for name in RESULT_FILES)

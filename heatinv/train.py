@@ -38,8 +38,10 @@ from heatinv.checkpoints import (  # noqa: E402
     check_inputs_outside_run_writes,
     check_resume_step,
     clear_run_directory,
+    keep_hydra_record,
     checkpoint_numbers,
     guard_run_directory,
+    restore_hydra_record,
     run_dir_override,
     save_run_config,
 )
@@ -120,6 +122,8 @@ def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None) -> dict:
         log.info(f"heatinv: resuming {out} after step {start} of {task.total}")
         if changed:
             log.info(f"heatinv: resuming with changed settings: {'; '.join(changed)}")
+    if (record := _hydra_record()) is not None:
+        keep_hydra_record(out, record)  # this start runs: Hydra's record of it is the run's
 
     with Summaries(os.path.join(out, "tensorboard"), task.axis) as summaries:
         summaries.start_session(task.log_step(start) + 1 if start else 0)
@@ -186,8 +190,26 @@ def _command_line_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
+def _hydra_record() -> str | None:
+    """The folder of this job's Hydra record (``.hydra``), relative to its run directory; None outside Hydra or without one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+
+
 @hydra.main(version_base="1.3", config_path="pkg://heatinv.configs", config_name="train")
 def _hydra_main(cfg: DictConfig) -> float:
+    try:
+        return _run_and_report(cfg)
+    finally:
+        # Hydra rewrites its record (.hydra/) at every start: a start refused before it ran puts back
+        # the record of the run that is there (kept when that run started; the same files once this one has).
+        if (record := _hydra_record()) is not None:
+            restore_hydra_record(cfg.paths.output_dir, record)
+
+
+def _run_and_report(cfg: DictConfig) -> float:
+    """:func:`run`, with each way it can end said on stderr and given its exit code (a sweep's job: returned or raised)."""
     try:
         return run(cfg)["objective"]
     except RunFinished as finished:

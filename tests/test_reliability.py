@@ -112,11 +112,14 @@ def test_sigterm_checkpoints_exits_cleanly_and_resumes_after_that_step(single):
 def test_a_finished_run_directory_is_not_overwritten(single):
     run_dir = single.root / "uninterrupted"
     before = (run_dir / "metrics.json").read_bytes()
-    again = single.run("uninterrupted")
+    record = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+    again = single.run("uninterrupted", "loss=l1")
     assert again.returncode == 2
     assert "already holds results" in again.stderr and "trainer.overwrite=true" in again.stderr
     assert "Traceback" not in again.stderr
     assert (run_dir / "metrics.json").read_bytes() == before
+    # Hydra rewrote its record (.hydra/overrides.yaml said loss=l1, a run that never happened): put back
+    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == record
 
 
 @pytest.mark.slow
