@@ -334,14 +334,14 @@ def check_resume_step(out: str, completed: int, setting: str, value: int, steps_
     asked = f"{setting}={value}" + (f" ({steps_each} steps each)" if steps_each > 1 else "")
     if completed > total:
         least = -(-completed // steps_each)
-        if least * steps_each == completed and results_written(out):
+        if least * steps_each == completed and _finished_at(out, completed):
             least += 1  # a length that ends at the checkpoint is the finished run itself
         raise ResumeError(
             f"trainer.resume=true: the newest checkpoint in {out} is after step {completed}, past the {total} steps "
             f"that {asked} asks for; a resumed run goes on from its checkpoint, never back. Its files were left as they are. "
             f"Resume with {setting}={least} or more."
         )
-    if completed == total and results_written(out):
+    if completed == total and _finished_at(out, completed):
         raise RunFinished(
             f"Run directory {out} holds a finished run: its newest checkpoint is after step {completed} of the {total} "
             f"that {asked} asks for, and its results are written. Its files were left as they are. To extend it, resume with "
@@ -399,6 +399,13 @@ def check_resumable(out: str, cfg) -> list[str]:
         )
     # trainer.resume and trainer.overwrite say how this start treats the folder, not how the run trains
     return [described[key] for key in changed if key not in ("trainer.resume", "trainer.overwrite")]
+
+
+def _finished_at(out: str, completed: int) -> bool:
+    """Whether the run in ``out`` finished at step ``completed``: its results are of that step (an
+    extension cut short leaves the results of the run it extends, of an earlier step)."""
+    finished = _finished_run(out)
+    return finished is not None and finished[0] == completed
 
 
 def _finished_run(out: str) -> tuple[int, int] | None:

@@ -556,7 +556,7 @@ def test_mismatched_inputs_to_diagnose_are_named(mlp, image, rng):
         diagnose(mlp, image[..., 0], 3, SaliencyObjective())
     with pytest.raises(ValueError, match=r"target has shape \(1, 28\) and the heatmap \(1, 28, 28, 1\)"):
         diagnose(mlp, image, 3, HeatmapObjective(target[:, 0, :, 0], LRP(mlp)))
-    with pytest.raises(ValueError, match=r"target has shape \(1, 28\) and the heatmap \(1, 28, 28, 1\)"):
+    with pytest.raises(ValueError, match=r"target has shape \(1, 28\) and the saliency map \(1, 28, 28, 1\)"):
         diagnose(mlp, image, 3, ExplanationObjective(target[:, 0, :, 0]))  # was a raw InvalidArgumentError
     other = build_model(Architecture(hidden=(32, 16)), seed=1)
     with pytest.raises(ValueError, match="explainer is bound to model .*Build it with LRP\\(model\\)"):

@@ -29,7 +29,7 @@ SETTINGS = settings(
     max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
-dtypes = st.sampled_from(["float32", "float64", "float16", "int8", "int64", "uint8", "bool", "complex64", "U3"])
+dtypes = st.sampled_from(["float32", "float64", "float16", "int8", "int16", "int64", "uint8", "uint16", "bool", "complex64", "U3"])
 shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=30)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 

@@ -281,6 +281,22 @@ def test_an_integer_one_hot_and_a_column_of_labels_are_targets(target, rng):
     np.testing.assert_array_equal(relevance(model, x, target), relevance(model, x, 1))
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
+def test_class_indices_of_every_integer_dtype_are_targets(dtype, rng):
+    model = dense_model()  # tf.one_hot takes four of these dtypes: the others raised TensorFlow's error
+    x = inputs_for(model, rng)[:2]
+    np.testing.assert_array_equal(relevance(model, x, np.array([1, 1], dtype)), relevance(model, x, 1))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_constant_column_of_labels_is_checked_when_tracing(jit_compile):
+    """The column's slice hid its values from the check: a ValueError became an assertion when run, and none under XLA."""
+    model = dense_model()  # 3 classes
+    explain = tf.function(lambda x: LRP(model, "epsilon")(x, [[5], [0]]), jit_compile=jit_compile)
+    with pytest.raises(ValueError, match="The target names class 5, out of range"):
+        explain(np.ones((2, 6), "float32"))
+
+
 def test_a_model_of_one_output_unit_is_told_its_only_class_index():
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
     with pytest.raises(ValueError, match="The target names class 1, out of range for a model with 1 output unit: the only class index is 0"):

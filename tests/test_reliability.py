@@ -330,6 +330,13 @@ def test_a_resume_never_goes_back_nor_redoes_a_finished_run(composed, reference_
         if value.tag == "final/steps"
     ]
     assert final_steps[-1] == 16
+    # An extension cut short between checkpoints leaves the results of the run it extends: the run
+    # with results of step 8 and its newest checkpoint after step 12 is not finished at 12.
+    (out / "metrics.json").write_bytes(written["metrics.json"])
+    for path in (out / "checkpoints").glob("ckpt-16.*"):
+        path.unlink()
+    expect(ResumeError, again("trainer.steps=4"), "after step 12, past the 4 steps", "trainer.steps=12 or more")
+    assert train.run(again("trainer.steps=12"))["steps"] == 12
 
 
 @pytest.mark.slow

@@ -77,16 +77,16 @@ class HeatmapObjective:
         return Probe(float(loss), _gradients_by_name(names, gradients), fwd, explanation.relevance, dtype, explanation.start)
 
 
-def _check_broadcasts(target: tuple, heatmap: tuple) -> None:
-    """A target of the heatmap's (or saliency map's) shape, or one that broadcasts to it (one channel for all)."""
+def _check_broadcasts(target: tuple, heatmap: tuple, what: str = "heatmap") -> None:
+    """A target of the heatmap's (``what``'s) shape, or one that broadcasts to it (one channel for all)."""
     try:
         fits = np.broadcast_shapes(target, heatmap) == heatmap
     except ValueError:
         fits = False
     if not fits:
         raise ValueError(
-            f"The objective's target has shape {target} and the heatmap {heatmap}: give one target value per "
-            "heatmap value (a target of one channel is used for every channel)."
+            f"The objective's target has shape {target} and the {what} {heatmap}: give one target value per "
+            f"{what} value (a target of one channel is used for every channel)."
         )
 
 
@@ -147,7 +147,7 @@ class ExplanationObjective:
                 fwd = forward(steps, x)
                 score = tf.reduce_sum(fwd.logits * target_mask(label, fwd.logits))
             saliency = inner.gradient(score, x)
-            _check_broadcasts(np.shape(self.target), tuple(saliency.shape))
+            _check_broadcasts(np.shape(self.target), tuple(saliency.shape), "saliency map")
             loss = tf.reduce_mean(tf.square(saliency - tf.cast(self.target, dtype)))
         return Probe(float(loss), {"input": outer.gradient(loss, x)}, fwd, saliency, dtype)
 

@@ -249,7 +249,8 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
         target = tf.cast(target, logits.dtype)  # an integer one-hot
     if target.dtype.is_integer:
         if target.shape.rank == 2 and target.shape[-1] == 1:
-            target = target[:, 0]
+            known = tf.get_static_value(target)  # which a slice would hide from the check when tracing
+            target = target[:, 0] if known is None else tf.constant(known[:, 0])
         if target.shape.rank not in (0, 1):
             raise ValueError(
                 f"An integer target is a class index: a scalar, a [batch] vector or a [batch, 1] column, or a "
@@ -260,7 +261,7 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
         target = _in_range(target, classes, logits)
         if target.shape.rank == 0:
             target = tf.fill(tf.shape(logits)[:1], target)
-        return tf.one_hot(target, classes, dtype=logits.dtype)
+        return tf.one_hot(tf.cast(target, tf.int64), classes, dtype=logits.dtype)  # one_hot takes (u)int8, int32, int64
     if not (target.dtype.is_floating or target.dtype == tf.bool) or target.shape.rank != 2 or target.shape[-1] != classes:
         raise ValueError(
             f"A non-integer target must be a one-hot (float) array of shape [batch, {classes}], got "
