@@ -122,7 +122,7 @@ def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None) -> dict:
         log.info(f"heatinv: resuming {out} after step {start} of {task.total}")
         if changed:
             log.info(f"heatinv: resuming with changed settings: {'; '.join(changed)}")
-    if (record := _hydra_record()) is not None:
+    if (record := _hydra_record(out)) is not None:
         keep_hydra_record(out, record)  # this start runs: Hydra's record of it is the run's
 
     with Summaries(os.path.join(out, "tensorboard"), task.axis) as summaries:
@@ -190,11 +190,15 @@ def _command_line_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def _hydra_record() -> str | None:
-    """The folder of this job's Hydra record (``.hydra``), relative to its run directory; None outside Hydra or without one."""
+def _hydra_record(out: str) -> str | None:
+    """The folder of this job's Hydra record (``.hydra``), relative to the run directory ``out``; None
+    outside Hydra, without a record, or where the run writes elsewhere than Hydra's folder (``paths.output_dir``)."""
     from hydra.core.hydra_config import HydraConfig
 
-    return HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    return hydra.output_subdir if os.path.realpath(hydra.runtime.output_dir) == os.path.realpath(out) else None
 
 
 @hydra.main(version_base="1.3", config_path="pkg://heatinv.configs", config_name="train")
@@ -204,7 +208,7 @@ def _hydra_main(cfg: DictConfig) -> float:
     finally:
         # Hydra rewrites its record (.hydra/) at every start: a start refused before it ran puts back
         # the record of the run that is there (kept when that run started; the same files once this one has).
-        if (record := _hydra_record()) is not None:
+        if (record := _hydra_record(cfg.paths.output_dir)) is not None:
             restore_hydra_record(cfg.paths.output_dir, record)
 
 
