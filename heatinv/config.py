@@ -333,7 +333,8 @@ def validate(cfg) -> None:
     for key in POSITIVE:
         value = _get(cfg, key)
         if not value > 0:
-            raise ConfigError(f"Config value {key}={value!r} must be > 0.")
+            usual = OmegaConf.select(OmegaConf.structured(TrainConfig), key)
+            raise ConfigError(f"Config value {key}={value!r} must be > 0, e.g. `{key}={usual}` (the default).")
     clip = cfg.optimizer.global_clipnorm
     if clip is not None and not clip > 0:
         raise ConfigError(

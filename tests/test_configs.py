@@ -297,6 +297,12 @@ def test_out_of_range_value_fails_validate_naming_key(compose_train, override, k
         validate(cfg)
 
 
+def test_a_value_that_must_be_positive_is_given_an_example(compose_train):
+    cfg = compose_train("trainer.steps=-5")
+    with pytest.raises(ConfigError, match=r"trainer\.steps=-5 must be > 0, e\.g\. `trainer\.steps=300` \(the default\)"):
+        validate(cfg)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
