@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -374,3 +376,12 @@ def test_the_readmes_doctor_cases_are_what_the_script_prints(tmp_path):
     for block in blocks:
         for line in block.splitlines():
             assert not line or line in printed, line
+
+
+def test_the_code_layout_names_every_module():
+    """Someone new finds each module in one guess: README's "Code layout" lists them all."""
+    root = Path(__file__).parents[1]
+    layout = (root / "README.md").read_text().split("## Code layout", 1)[1].split("```")[1]
+    modules = {path.name for path in (root / "heatinv").glob("*.py") if path.name != "__init__.py"}
+    missing = sorted(name for name in modules if not re.search(rf"(?<![\w/]){re.escape(name)}|heatinv/{re.escape(name)}", layout))
+    assert not missing, f"README's code layout does not name {missing}"
