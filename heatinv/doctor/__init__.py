@@ -41,7 +41,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     Args:
         model: a built Keras model that heatinv's LRP engine explains (chains and graphs alike).
         x: ``[batch, *input_shape]`` input.
-        label: the explained class: an int, ``[batch]`` ints, or one-hot ``[batch, classes]``.
+        label: the explained class: an int, ``[batch]`` or ``[batch, 1]`` ints, or a one-hot ``[batch, classes]``.
         objective: :class:`HeatmapObjective` (gradients with respect to the weights),
             :class:`SaliencyObjective` or :class:`ExplanationObjective` (with respect to the input).
         precision: the working precision, ``float32`` or ``float64``; float32 is also

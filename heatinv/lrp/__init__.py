@@ -160,7 +160,8 @@ def relevance(
     Args:
         model: a built Keras 3 model (a graph of supported layers, one input, one output).
         x: ``[batch, *input_shape]`` floating input.
-        target: an int, an int tensor ``[batch]`` or a one-hot ``[batch, classes]``.
+        target: the class to explain: an int, ``[batch]`` or ``[batch, 1]`` ints, or a one-hot ``[batch, classes]``
+            (see :func:`target_mask`).
         composite, low, high, epsilon, gamma, alpha, beta, output: see :class:`LRP`.
 
     Returns:
