@@ -157,12 +157,18 @@ def test_every_experiment_composes_and_validates(experiment, composed):
     assert cfg.target.kind == "suppress_feature" if first_word == "fairwash" else cfg.target.kind in first_word
 
 
-def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed):
+def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, caplog):
+    import re
+
     from heatinv.data import load_digits
     from heatinv.train import run
 
     cfg, out = composed("experiment=pattern_frame_mlp", "task.epochs=2")
-    metrics = run(cfg)
+    with caplog.at_level("INFO"):
+        metrics = run(cfg)
+    # The progress line at an epoch's end gives the epoch's mean loss, as the epoch's line does (it gave the last batch's)
+    epoch_loss = re.search(r"epoch 2/2: loss (\S+) ", caplog.text).group(1)
+    assert re.search(rf"\(100%\), \d+ s, loss {re.escape(epoch_loss)}\b", caplog.text), caplog.text[-3000:]
     written = json.loads((out / "metrics.json").read_text())
     for key in ("reference_accuracy", "student_accuracy", "cosine", "ssim", "pearson", "success_rate"):
         assert np.isfinite(written[key]), key
