@@ -368,3 +368,30 @@ def test_tiled_max_pooling_routes_like_its_gradient(shape, window, rng):
     )
     R = tf.constant(rng.normal(size=pool(a).shape))
     np.testing.assert_array_equal(_route_to_winners(a, R, window).numpy(), adjoint(pool, a, R).numpy())
+
+
+def _augmentation_layer(cls):
+    """An instance of a noise or augmentation layer class, with the least arguments it takes."""
+    for kwargs in ({}, {"factor": 0.2}, {"rate": 0.1}, {"stddev": 0.1}, {"height_factor": 0.2, "width_factor": 0.2}):
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError):
+            continue
+    raise AssertionError(f"{cls.__name__}: no arguments found to build it")
+
+
+def test_noise_and_augmentation_layers_vanish_as_in_inference(rng):
+    """A model with RandomFlip (Keras's image tutorials put augmentation inside the model) had no LRP rule."""
+    from heatinv.lrp.canonical import AUGMENTATION
+
+    assert len(AUGMENTATION) >= 9  # GaussianNoise, GaussianDropout, AlphaDropout and Random{Flip,...} are in every Keras 3
+    inputs = keras.Input((8, 8, 3))
+    conv, dense = keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Dense(3)
+    plain = keras.Model(inputs, dense(keras.layers.Flatten()(conv(inputs))))
+    x = rng.uniform(0, 1, (2, 8, 8, 3)).astype("float32")
+    expected = relevance(plain, x, 1)
+    for cls in AUGMENTATION:
+        augmented = keras.Model(inputs, dense(keras.layers.Flatten()(conv(_augmentation_layer(cls)(inputs)))))
+        # the premise, on this Keras: the layer is the identity in inference
+        np.testing.assert_array_equal(augmented(x, training=False), plain(x), err_msg=cls.__name__)
+        np.testing.assert_array_equal(relevance(augmented, x, 1), expected, err_msg=cls.__name__)

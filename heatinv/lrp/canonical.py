@@ -17,8 +17,8 @@ each one a step; every step names its ``sources``, the steps whose outputs it re
   entries it belongs to (the map's adjoint);
 - :class:`Merge`: Add, Average, Subtract, Concatenate, Multiply.
 
-Dropout, SpatialDropout, Identity and InputLayer vanish: LRP explains the model in
-inference mode.
+Dropout, SpatialDropout, Identity, InputLayer, noise and random augmentation layers
+(:data:`AUGMENTATION`) vanish: LRP explains the model in inference mode.
 
 The folded kernel and bias are computed from the live Keras variables each time
 :meth:`Linear.params` is called, inside the caller's tape or trace, so gradients reach the
@@ -42,7 +42,8 @@ SUPPORTED = (
     "Dense, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
     "MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, GlobalMaxPooling1D/2D, "
     "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, Add, Average, Subtract, "
-    "Concatenate, Multiply, Dropout, SpatialDropout1D/2D, Identity, InputLayer, Activation (any "
+    "Concatenate, Multiply, Dropout, SpatialDropout1D/2D, Identity, InputLayer, noise and random augmentation "
+    "(GaussianNoise, RandomFlip, RandomRotation, ...: identity in inference), Activation (any "
     "activation), ReLU, LeakyReLU, ELU, Softmax, heatinv.layers.SoftplusBeta, BatchNormalization "
     "(over the last axis), Rescaling, Normalization, and Keras ops between one tensor and a "
     "constant (+, -, *, /) or between two tensors (+, -, *)"
@@ -76,12 +77,28 @@ _ELEMENTWISE = (
     keras.layers.Softmax,
     SoftplusBeta,
 )
+AUGMENTATION = tuple(
+    getattr(keras.layers, name)
+    for name in (
+        "GaussianNoise", "GaussianDropout", "AlphaDropout", "RandomFlip", "RandomRotation", "RandomTranslation",
+        "RandomZoom", "RandomShear", "RandomPerspective", "RandomElasticTransform", "RandomContrast",
+        "RandomBrightness", "RandomHue", "RandomSaturation", "RandomSharpness", "RandomGrayscale",
+        "RandomColorJitter", "RandomColorDegeneration", "RandomInvert", "RandomErasing", "RandomGaussianBlur",
+        "AugMix", "CutMix", "MixUp", "RandAugment",
+    )
+    if hasattr(keras.layers, name)  # the newer ones are not in every Keras 3
+)
+"""Layers that change their input in training only (noise, random augmentation): identity in inference.
+
+RandomCrop is not one of them: in inference it crops (or resizes) to its size."""
+
 _VANISH = (
     keras.layers.Dropout,
     keras.layers.SpatialDropout1D,
     keras.layers.SpatialDropout2D,
     keras.layers.Identity,
     keras.layers.InputLayer,
+    *AUGMENTATION,
 )
 _RESHAPE = (keras.layers.Flatten, keras.layers.Reshape)
 _REARRANGE = (
