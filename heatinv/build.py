@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
-from heatinv.data import Dataset, load_dataset, reading
+from heatinv.data import COLOR_MODES, Dataset, load_dataset, reading
 from heatinv.feature_targets import FEATURE_KINDS, feature_index
 from heatinv.dataset_targets import dataset_targets
 from heatinv.explanation_cache import cached_explanations
@@ -82,7 +82,8 @@ def build_parts(cfg) -> Parts:
     keras.utils.set_random_seed(cfg.trainer.seed)
     d = cfg.data
     dataset = load_dataset(
-        d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed
+        d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed,
+        color_mode=d.color_mode,
     )
     log.info(
         f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
@@ -280,17 +281,24 @@ def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:
             f"Model file {path} (model.path) takes inputs of shape {given_in} and gives outputs of shape "
             f"{given_out}; the {dataset.name} data needs inputs {expected_in} and {dataset.num_classes} outputs "
             f"(shape (None, {dataset.num_classes})). Rebuild the model for inputs {dataset.input_shape} and "
-            f"{dataset.num_classes} classes, or choose the data it was made for (data=...){_resize_hint(given_in, dataset)}."
+            f"{dataset.num_classes} classes, or choose the data it was made for (data=...){_folder_hint(given_in, dataset)}."
         )
 
 
-def _resize_hint(given_in: tuple, dataset: Dataset) -> str:
-    """For an image folder whose images the model takes at another size: the setting that resizes them."""
-    if not dataset.streamed or len(given_in) != 4 or None in given_in[1:3] or given_in[3] != dataset.input_shape[-1]:
+def _folder_hint(given_in: tuple, dataset: Dataset) -> str:
+    """For an image folder whose images the model takes at another size or in another colour mode: the settings that read them so."""
+    if not dataset.streamed or len(given_in) != 4 or None in given_in[1:]:
         return ""
-    if tuple(given_in[1:3]) == tuple(dataset.input_shape[:2]):
-        return ""  # the size fits: the class count does not
-    return f", or have the folder's images resized to the model's size: data.image_size=[{given_in[1]},{given_in[2]}]"
+    mode = {channels: name for name, channels in COLOR_MODES.items()}.get(given_in[3])
+    size = f"data.image_size=[{given_in[1]},{given_in[2]}]" if tuple(given_in[1:3]) != tuple(dataset.input_shape[:2]) else None
+    color = f"data.color_mode={mode}" if given_in[3] != dataset.input_shape[-1] else None
+    if (given_in[3] != dataset.input_shape[-1] and mode is None) or not (size or color):
+        return ""  # channels no colour mode gives, or the size and channels fit: the class count does not
+    if size and color:
+        return f", or have the folder's images read as the model takes them: {size} {color}"
+    if size:
+        return f", or have the folder's images resized to the model's size: {size}"
+    return f", or have the folder's images read in the model's colour mode: {color}"
 
 
 def explainer_for(model: keras.Model, cfg) -> LRP:

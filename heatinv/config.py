@@ -35,6 +35,7 @@ class DataConfig:
     path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz); the file or folder of npz, folder, csv
     image_size: list[int] = field(default_factory=lambda: [32, 32])  # folder: every image resized to [height, width]
     test_split: float = 0.2  # folder: the held-out fraction (seeded split)
+    color_mode: str = "rgb"  # folder: rgb (3 channels) | grayscale (1), as keras.utils.image_dataset_from_directory
     label_column: Optional[str] = None  # csv: the header of the label column
 
 
@@ -159,6 +160,7 @@ CHOICES = {
     "model.name": ("mlp", "cnn", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
     "model.pool": ("max", "avg", "strided"),
+    "data.color_mode": ("rgb", "grayscale"),
     "model.output_activation": ("linear", "relu", "softmax"),
     "target.kind": ("class", "file", "pattern", "swap", "suppress", "suppress_feature", "swap_features"),
     "target.pattern": ("square", "cross", "frame", "file"),
@@ -290,7 +292,7 @@ READ_ONLY_WHEN = (
         ("task.min_agreement", "task.max_accuracy_drop"), lambda c: c.task.kind == "dataset" and c.task.early_stopping,
         "task=dataset with task.early_stopping=true", ("task.kind", "task.early_stopping"),
     ),
-    ReadOnlyWhen(("data.image_size", "data.test_split"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
+    ReadOnlyWhen(("data.image_size", "data.test_split", "data.color_mode"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
     ReadOnlyWhen(("data.label_column",), lambda c: c.data.name == "csv", "data=csv", ("data.name",)),
     ReadOnlyWhen(
         ("lrp.epsilon",), lambda c: c.lrp.composite in _composites_with("epsilon"),

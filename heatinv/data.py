@@ -482,11 +482,15 @@ def load_npz(path: str) -> Dataset:
     return Dataset(x_train, ys["y_train"], x_test, ys["y_test"], name=name, low=low, high=high)
 
 
-def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed: int = 0) -> Dataset:
+COLOR_MODES = {"rgb": 3, "grayscale": 1}
+"""``data.color_mode`` -> the channels an image folder's images are decoded to (Keras's names)."""
+
+
+def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed: int = 0, color_mode: str = "rgb") -> Dataset:
     """An image folder with one subfolder per class, streamed: its files are listed, never all decoded at once.
 
     `x_train` and `x_test` are `ImageFiles`: indexing or `Dataset.batches` decodes just the
-    images asked for (RGB, bilinear resize to `image_size`, pixels scaled to `[0, 1]`, as
+    images asked for (RGB or grayscale, bilinear resize to `image_size`, pixels scaled to `[0, 1]`, as
     `keras.utils.image_dataset_from_directory` reads them), so a folder larger than memory
     works. What stays in memory: the file paths and labels. The class names are the
     subfolders' names, sorted; the range is `[0, 1]` without a scan. The held-out split is
@@ -497,6 +501,8 @@ def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed:
         image_size: `(height, width)` every image is resized to (`data.image_size`).
         test_split: the held-out fraction, in (0, 1) (`data.test_split`).
         seed: the split's seed.
+        color_mode: `"rgb"` (3 channels) or `"grayscale"` (1), as Keras's loader takes it
+            (`data.color_mode`); a colour image read in grayscale is converted.
 
     Returns:
         A `Dataset` named after the folder.
@@ -529,10 +535,15 @@ def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed:
             f"heatinv/data.py load_folder: data.test_split={test_split!r} is outside (0, 1); it is the "
             "fraction of the images held out for testing. Use e.g. data.test_split=0.2."
         )
+    if color_mode not in COLOR_MODES:
+        raise ValueError(f"heatinv/data.py load_folder: color_mode={color_mode!r}; expected one of {list(COLOR_MODES)}.")
     (train_paths, y_train), (test_paths, y_test) = _split_files(folder, classes, float(test_split), seed)
-    size = tuple(image_size)
+    size, channels = tuple(image_size), COLOR_MODES[color_mode]
     name = os.path.basename(folder.rstrip(os.sep))
-    return Dataset(ImageFiles(train_paths, size), y_train, ImageFiles(test_paths, size), y_test, name=name, class_names=tuple(classes))
+    return Dataset(
+        ImageFiles(train_paths, size, channels), y_train, ImageFiles(test_paths, size, channels), y_test, name=name,
+        class_names=tuple(classes),
+    )
 
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -574,20 +585,21 @@ def _split_files(folder: str, classes: list[str], test_split: float, seed: int):
     return (tuple(paths[:split]), labels[:split]), (tuple(paths[split:]), labels[split:])
 
 
-def decoder(image_size: tuple[int, int]):
-    """A ``tf.data`` map function ``path -> image [H, W, 3]`` in ``[0, 1]``: decoded RGB, bilinearly resized.
+def decoder(image_size: tuple[int, int], channels: int = 3):
+    """A ``tf.data`` map function ``path -> image [H, W, channels]`` in ``[0, 1]``: decoded, bilinearly resized.
 
     The same steps as ``keras.utils.image_dataset_from_directory`` (``decode_image`` with
-    three channels, ``resize`` bilinear to ``image_size``), scaled from 0..255 to ``[0, 1]``.
+    ``channels``: 3 for RGB, 1 for grayscale; ``resize`` bilinear to ``image_size``), scaled
+    from 0..255 to ``[0, 1]``.
     """
     import tensorflow as tf  # here, so that importing heatinv.data stays cheap
 
     height, width = int(image_size[0]), int(image_size[1])
 
     def decode(path):
-        image = tf.image.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        image = tf.image.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
         image = tf.image.resize(image, (height, width), method="bilinear")
-        image.set_shape((height, width, 3))
+        image.set_shape((height, width, channels))
         return image / 255.0
 
     return decode
@@ -597,7 +609,7 @@ class ImageFiles:
     """The images of an image folder's split, decoded only when asked for: an array that is never whole in memory.
 
     Indexing (``files[i]``, ``files[a:b]``, ``files[[i, j]]``) reads, decodes and resizes just
-    those files, as ``keras.utils.image_dataset_from_directory`` would (RGB, bilinear,
+    those files, as ``keras.utils.image_dataset_from_directory`` would (RGB or grayscale, bilinear,
     ``image_size``), and scales the pixels to ``[0, 1]``; :meth:`batches` gives a ``tf.data``
     pipeline that decodes one batch at a time. Converting the whole split to one numpy array
     (``np.asarray(files)``) is refused: a folder larger than memory must never be read at once.
@@ -605,6 +617,7 @@ class ImageFiles:
     Attributes:
         paths: one file per image, in split order.
         image_size: ``(height, width)`` every image is resized to.
+        channels: 3 (RGB) or 1 (grayscale).
         largest_read: the most images one indexing call has decoded (streaming's own check).
 
     Example:
@@ -617,14 +630,15 @@ class ImageFiles:
     ndim = 4
     dtype = np.dtype(np.float32)
 
-    def __init__(self, paths: tuple[str, ...], image_size: tuple[int, int]):
+    def __init__(self, paths: tuple[str, ...], image_size: tuple[int, int], channels: int = 3):
         self.paths = tuple(paths)
         self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.channels = int(channels)
         self.largest_read = 0
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (len(self.paths), *self.image_size, 3)
+        return (len(self.paths), *self.image_size, self.channels)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -639,7 +653,7 @@ class ImageFiles:
         import tensorflow as tf
 
         paths = [self.paths[i] for i in chosen]
-        decode = decoder(self.image_size)
+        decode = decoder(self.image_size, self.channels)
         pipeline = tf.data.Dataset.from_tensor_slices(paths).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
         with reading(self):
             return next(iter(pipeline.batch(len(paths)))).numpy()
@@ -652,7 +666,7 @@ class ImageFiles:
         )
 
     def batches(self, labels: np.ndarray, batch_size: int, order: np.ndarray | None = None, shuffle_seed: int | None = None):
-        """A ``tf.data`` pipeline of ``(images [b, H, W, 3] in [0, 1], labels [b] int32)`` batches.
+        """A ``tf.data`` pipeline of ``(images [b, H, W, channels] in [0, 1], labels [b] int32)`` batches.
 
         Args:
             labels: ``[N]`` the split's labels.
@@ -669,12 +683,17 @@ class ImageFiles:
         order = np.arange(len(self.paths)) if order is None else np.asarray(order)
         paths = tf.constant(np.array(self.paths, dtype=object)[order].astype(str))
         batch_labels = tf.constant(np.asarray(labels)[order].astype(np.int32))
-        decode = decoder(self.image_size)
+        decode = decoder(self.image_size, self.channels)
         pipeline = tf.data.Dataset.from_tensor_slices((paths, batch_labels))
         if shuffle_seed is not None:
             pipeline = pipeline.shuffle(len(order), seed=shuffle_seed, reshuffle_each_iteration=True)
         pipeline = pipeline.map(lambda path, label: (decode(path), label), num_parallel_calls=tf.data.AUTOTUNE)
         return pipeline.batch(batch_size)
+
+
+def image_key(files: ImageFiles) -> str:
+    """How ``files`` are read, for a cache key: the size, and the channels where not RGB (so RGB's keys stay as they were)."""
+    return repr(files.image_size) + ("" if files.channels == 3 else f" {files.channels} channels")
 
 
 @contextlib.contextmanager
@@ -694,7 +713,7 @@ def reading(files: ImageFiles):
     try:
         yield
     except tf.errors.InvalidArgumentError as error:
-        decode = decoder(files.image_size)
+        decode = decoder(files.image_size, files.channels)
         for bad in files.paths:
             try:
                 decode(tf.constant(bad))
@@ -898,6 +917,7 @@ def load_dataset(
     test_split: float = 0.2,
     label_column: str | None = None,
     seed: int = 0,
+    color_mode: str = "rgb",
 ) -> Dataset:
     """Loads a dataset by its config name (the `data` group).
 
@@ -905,7 +925,7 @@ def load_dataset(
         name: `"digits"`, `"mnist"`, `"npz"`, `"folder"`, `"csv"`, or a bundled table
             (`"breast_cancer"`, `"wine"`).
         path: the file or folder for `mnist`, `npz`, `folder`, `csv`; ignored otherwise.
-        image_size, test_split, seed: for `folder`.
+        image_size, test_split, seed, color_mode: for `folder`.
         label_column: for `csv`.
 
     Returns:
@@ -923,7 +943,7 @@ def load_dataset(
     if name == "npz":
         return load_npz(path)
     if name == "folder":
-        return load_folder(path, image_size, test_split, seed)
+        return load_folder(path, image_size, test_split, seed, color_mode)
     if name == "csv":
         return load_csv(path, label_column)
     if name in TABULAR_NAMES:

@@ -32,7 +32,7 @@ import keras
 import numpy as np
 
 from heatinv.atomic import atomic_path
-from heatinv.data import Dataset, reading
+from heatinv.data import Dataset, image_key, reading
 from heatinv.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def split_fingerprint(dataset: Dataset, split: str) -> str:
     '3f0c...'
     """
     files, labels = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
-    digest = hashlib.sha256(repr(files.image_size).encode())
+    digest = hashlib.sha256(image_key(files).encode())
     for path in files.paths:
         status = os.stat(path)
         digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())

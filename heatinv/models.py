@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from heatinv.atomic import atomic_path
-from heatinv.data import Dataset, reading
+from heatinv.data import Dataset, image_key, reading
 from heatinv.layers import SoftplusBeta
 from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.progress import FitProgress
@@ -424,7 +424,7 @@ def fingerprint(dataset: Dataset) -> str:
     """
     digest = hashlib.sha256()
     if dataset.streamed:
-        digest.update(repr(dataset.x_train.image_size).encode())
+        digest.update(image_key(dataset.x_train).encode())
         for path in dataset.x_train.paths:
             status = os.stat(path)
             digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())

@@ -150,6 +150,7 @@ def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides
         (["task=dataset", "target=pattern", "task.min_agreement=0.9"], "task.min_agreement=0.9", "task.early_stopping=true", "task.early_stopping=false"),
         (["target=swap", "task=dataset", "target.top_k=10"], "target.top_k=10", "target=suppress", "target.kind='swap'"),
         (["data.test_split=0.3"], "data.test_split=0.3", "data=folder", "data.name='digits'"),
+        (["data.color_mode=grayscale"], "data.color_mode=grayscale", "data=folder", "data.name='digits'"),
         (["lrp=epsilon", "lrp.gamma=0.5"], "lrp.gamma=0.5", "lrp=epsilon_gamma_box", "lrp.composite='epsilon'"),
         (["lrp=zplus", "lrp.epsilon=0.01"], "lrp.epsilon=0.01", "an epsilon rule", "lrp.composite='zplus'"),
         (["lrp=epsilon_plus", "lrp.low=0"], "lrp.low=0", "a zbox rule", "lrp.composite='epsilon_plus'"),
@@ -175,7 +176,7 @@ def test_a_key_the_run_does_not_read_is_refused(compose_train, overrides, unread
         ["task=dataset", "target=pattern", "task.epochs=3", "task.logit_weight=1", "task.teacher=kl", "task.temperature=2"],
         ["task=dataset", "target=pattern", "task.early_stopping=true", "task.min_agreement=0.9"],
         ["task=dataset", "target=suppress", "target.top_k=10"],
-        ["data=folder", "data.path=shapes", "data.test_split=0.3", "data.image_size=[16,16]"],
+        ["data=folder", "data.path=shapes", "data.test_split=0.3", "data.image_size=[16,16]", "data.color_mode=grayscale"],
         ["lrp.gamma=0.5", "lrp.low=0", "lrp.epsilon=0.01", "target.label=3", "target.index=2", "trainer.steps=5"],
     ],
 )
@@ -339,6 +340,7 @@ def test_an_empty_class_list_is_refused_naming_null(compose_train):
         ("trainer.precision=float16", "trainer.precision"),
         ("trainer.jit_compile=maybe", "trainer.jit_compile"),
         ("model.pool=median", "model.pool"),
+        ("data.color_mode=gray", "data.color_mode"),
     ],
 )
 def test_unknown_choice_fails_validate_naming_key_and_choices(compose_train, override, key):

@@ -169,8 +169,8 @@ def test_the_pipeline_never_runs_more_than_a_few_batches_ahead_of_the_step(tmp_p
     decoded = {"count": 0}
     real_decoder = data.decoder
 
-    def counting_decoder(image_size):
-        decode = real_decoder(image_size)
+    def counting_decoder(image_size, channels=3):
+        decode = real_decoder(image_size, channels)
 
         def bump():
             decoded["count"] += 1

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 
 import keras
+import tensorflow as tf
 import numpy as np
 import pytest
 
@@ -396,6 +397,40 @@ def test_a_model_file_for_another_image_size_is_told_the_folder_setting(config, 
         config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/small.keras", "target.label=0"),
         "small.keras", "(None, 24, 20, 3)", "data.image_size=[24,20]",
     )
+
+
+def test_a_grayscale_model_file_is_told_the_folders_colour_mode(config, shapes_folder, tmp_path):
+    model = keras.Sequential([keras.Input((32, 32, 1)), keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.save(tmp_path / "gray.keras")
+    message = expect(
+        ValueError,
+        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/gray.keras", "target.label=0"),
+        "gray.keras", "(None, 32, 32, 1)", "read in the model's colour mode: data.color_mode=grayscale",
+    )
+    assert "data.image_size" not in message
+
+
+def test_a_grayscale_folder_is_read_in_one_channel_with_color_mode_grayscale(tmp_path):
+    """Keras's loader takes color_mode="grayscale"; heatinv read every folder as RGB, three equal channels."""
+    rng = np.random.default_rng(0)
+    pixels = {}
+    for label in ("dark", "light"):
+        (tmp_path / "gray" / label).mkdir(parents=True)
+        for i in range(5):
+            image = rng.integers(0, 256, (12, 10, 1), dtype=np.uint8)
+            path = tmp_path / "gray" / label / f"{i}.png"
+            path.write_bytes(tf.io.encode_png(image).numpy())
+            pixels[str(path)] = image.astype(np.float32) / 255
+    gray = data.load_folder(str(tmp_path / "gray"), (12, 10), 0.2, seed=0, color_mode="grayscale")
+    rgb = data.load_folder(str(tmp_path / "gray"), (12, 10), 0.2, seed=0)
+    assert gray.input_shape == (12, 10, 1) and rgb.input_shape == (12, 10, 3)
+    for i, path in enumerate(gray.x_train.paths):
+        np.testing.assert_array_equal(gray.x_train[i], pixels[path])  # the written pixels, scaled
+        np.testing.assert_array_equal(rgb.x_train[i], np.repeat(pixels[path], 3, axis=-1))
+    images, _ = next(iter(gray.batches("train", 4)))
+    assert images.shape == (4, 12, 10, 1)
+    # the caches of the two readings are apart (the RGB key is what it was before color_mode)
+    assert data.image_key(gray.x_train) != data.image_key(rgb.x_train) == repr((12, 10))
 
 
 def test_a_model_file_of_the_folders_size_but_other_classes_is_not_told_to_resize(config, shapes_folder, tmp_path):
