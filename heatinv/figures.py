@@ -208,7 +208,8 @@ def _draw_image(ax, image: np.ndarray, title: str) -> None:
     low, high = np.nanmin(image), np.nanmax(image)
     if low < 0 or high > 1:  # standardized or raw data: show its own range
         image = (image - low) / ((high - low) or 1.0)
-    ax.imshow(np.clip(image, 0, 1), cmap="gray_r" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="none")
+    # as the data holds it, 0 black (a grayscale photo drawn inverted would read as its negative)
+    ax.imshow(np.clip(image, 0, 1), cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=1, interpolation="none")
     _frame(ax, title)
 
 

@@ -60,15 +60,14 @@ def diverging_rgb(heatmap: np.ndarray, vmax: float | None = None) -> np.ndarray:
     return rgb
 
 
-def grayscale_rgb(image: np.ndarray, invert: bool = False) -> np.ndarray:
-    """Grayscale image in `[0, 1]` to RGB; 0 is black, 1 is white.
+def grayscale_rgb(image: np.ndarray) -> np.ndarray:
+    """Grayscale image in `[0, 1]` to RGB; 0 is black, 1 is white, as the data holds it.
 
-    Values outside `[0, 1]` are clipped; non-finite pixels are drawn black.
+    Values outside `[0, 1]` are clipped; non-finite pixels are drawn black. Not inverted: a
+    grayscale photo drawn as a negative would mislead, and a digit's strokes are its high values.
 
     Args:
         image: `[H, W]` or `[H, W, 1]` array in `[0, 1]` (`[H, W, 3]`: drawn as its channels' mean).
-        invert: draw 0 as white and 1 as black (dark digit on white paper,
-            which sits better next to white-centred heatmaps).
 
     Returns:
         uint8 `[H, W, 3]`.
@@ -83,8 +82,6 @@ def grayscale_rgb(image: np.ndarray, invert: bool = False) -> np.ndarray:
         image = image.mean(axis=-1)
     values = _as_2d(image, "grayscale_rgb", "image").astype(np.float64)
     values = np.clip(np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
-    if invert:
-        values = 1.0 - values
     return _to_uint8(np.repeat(values[..., None], 3, axis=-1))
 
 

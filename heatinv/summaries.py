@@ -188,7 +188,7 @@ class Summaries:
         """Input, target and initial heatmap, at step 0 (each its own tag, so none is dropped)."""
         scale = _scale(target)
         tiles = {
-            "heatmap/input": grayscale_rgb(image, invert=True),
+            "heatmap/input": grayscale_rgb(image),
             "heatmap/target": diverging_rgb(target, scale),
             "heatmap/initial": diverging_rgb(initial, scale),
         }

@@ -79,6 +79,15 @@ def test_channels_are_summed_and_rgb_inputs_drawn_in_colour():
     np.testing.assert_allclose(axes[1].images[0].get_array(), maps.sum(-1))
 
 
+def test_a_one_channel_input_is_drawn_as_its_values_not_inverted():
+    """A grayscale photo (data.color_mode=grayscale) was drawn as its negative, for the digits' dark-ink look."""
+    rng = np.random.default_rng(2)
+    image, maps = rng.random((8, 8, 1)), rng.normal(size=(8, 8, 1))
+    shown = _image_axes(heatmap_figure(image, maps, maps, maps))[0].images[0]
+    assert shown.get_cmap().name == "gray" and shown.norm(1.0) == 1.0  # 1 is white
+    np.testing.assert_array_equal(shown.get_array(), image[..., 0])
+
+
 def test_dataset_figure_rows_columns_and_student_on_target_scale():
     image, target = _maps(2)
     rows = [Row(image, 2 * target, target, 0.5 * target, label=str(k), cosine=0.9 + k / 100) for k in range(3)]

