@@ -24,7 +24,7 @@ from heatinv.startup import start_tensorflow
 # devices are left to the entry point, so that a program importing heatinv can set them up.
 start_tensorflow(devices=False)
 
-from heatinv.data import DATASET_NAMES, TABULAR_NAMES  # noqa: E402
+from heatinv.data import COLOR_MODES, DATASET_NAMES, TABULAR_NAMES  # noqa: E402
 from heatinv.lrp import COMPOSITES  # noqa: E402
 from heatinv.models import APPLICATIONS  # noqa: E402
 
@@ -160,7 +160,7 @@ CHOICES = {
     "model.name": ("mlp", "cnn", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
     "model.pool": ("max", "avg", "strided"),
-    "data.color_mode": ("rgb", "grayscale"),
+    "data.color_mode": tuple(COLOR_MODES),
     "model.output_activation": ("linear", "relu", "softmax"),
     "target.kind": ("class", "file", "pattern", "swap", "suppress", "suppress_feature", "swap_features"),
     "target.pattern": ("square", "cross", "frame", "file"),

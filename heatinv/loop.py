@@ -202,7 +202,7 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
     signal_at = _test_signal()
     progress = None
     streak, last_checkpoint = checkpointer.nonfinite_streak, start
-    window: list[float] = []  # the finite losses of the calls since the last logged one
+    window_sum, window_calls = 0.0, 0  # the finite losses of the calls since the last logged one
     every, seconds = trainer.checkpoint_every, trainer.checkpoint_seconds
     rare_every = max(1, math.ceil(task.total / RARE_LOGS))
     began = last_saved = time.perf_counter()
@@ -250,12 +250,12 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
                 loop.stopped = call.done
                 break
             if math.isfinite(loss):
-                window.append(loss)
+                window_sum, window_calls = window_sum + loss, window_calls + 1
             # The mean since the last logged call, as Keras's bar shows an epoch's: the dataset task's
             # batches differ, and its last batch's loss is noise beside the epoch's line.
-            values = {"loss": sum(window) / len(window) if window else loss}
+            values = {"loss": window_sum / window_calls if window_calls else loss}
             if call.log:
-                window = []
+                window_sum, window_calls = 0.0, 0
                 logged = time.perf_counter()
                 call.rare = call.done // rare_every > previous // rare_every or call.done >= task.total
                 values.update(task.log(summaries, call, result))

@@ -389,25 +389,25 @@ def test_model_file_that_does_not_fit_the_data(config, shapes_npz, tmp_path):
     )
 
 
-def test_a_model_file_for_another_image_size_is_told_the_folder_setting(config, shapes_folder, tmp_path):
-    model = keras.Sequential([keras.Input((24, 20, 3)), keras.layers.Flatten(), keras.layers.Dense(3)])
-    model.save(tmp_path / "small.keras")
-    expect(
-        ValueError,
-        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/small.keras", "target.label=0"),
-        "small.keras", "(None, 24, 20, 3)", "data.image_size=[24,20]",
-    )
-
-
-def test_a_grayscale_model_file_is_told_the_folders_colour_mode(config, shapes_folder, tmp_path):
-    model = keras.Sequential([keras.Input((32, 32, 1)), keras.layers.Flatten(), keras.layers.Dense(3)])
-    model.save(tmp_path / "gray.keras")
+@pytest.mark.parametrize(
+    ("name", "input_shape", "classes", "said", "unsaid"),
+    [
+        ("small", (24, 20, 3), 3, ("(None, 24, 20, 3)", "data.image_size=[24,20]"), ()),
+        ("gray", (32, 32, 1), 3, ("(None, 32, 32, 1)", "read in the model's colour mode: data.color_mode=grayscale"), ("data.image_size",)),
+        ("five", (32, 32, 3), 5, ("(None, 5)", "3 outputs"), ("data.image_size",)),  # the size fits, the classes do not
+    ],
+)
+def test_a_model_file_that_does_not_fit_the_folder_is_told_the_setting_that_would(
+    config, shapes_folder, tmp_path, name, input_shape, classes, said, unsaid
+):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(classes)])
+    model.save(tmp_path / f"{name}.keras")
     message = expect(
         ValueError,
-        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/gray.keras", "target.label=0"),
-        "gray.keras", "(None, 32, 32, 1)", "read in the model's colour mode: data.color_mode=grayscale",
+        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/{name}.keras", "target.label=0"),
+        f"{name}.keras", *said,
     )
-    assert "data.image_size" not in message
+    assert not any(text in message for text in unsaid)
 
 
 def test_a_grayscale_folder_is_read_in_one_channel_with_color_mode_grayscale(tmp_path):
@@ -431,17 +431,6 @@ def test_a_grayscale_folder_is_read_in_one_channel_with_color_mode_grayscale(tmp
     assert images.shape == (4, 12, 10, 1)
     # the caches of the two readings are apart (the RGB key is what it was before color_mode)
     assert data.image_key(gray.x_train) != data.image_key(rgb.x_train) == repr((12, 10))
-
-
-def test_a_model_file_of_the_folders_size_but_other_classes_is_not_told_to_resize(config, shapes_folder, tmp_path):
-    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(5)])
-    model.save(tmp_path / "five.keras")
-    message = expect(
-        ValueError,
-        config("data=folder", f"data.path={shapes_folder}", "model=file", f"model.path={tmp_path}/five.keras", "target.label=0"),
-        "five.keras", "(None, 5)", "3 outputs",
-    )
-    assert "data.image_size" not in message
 
 
 def test_csv_without_the_label_column(config, tmp_path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from heatinv.lrp.canonical import (
@@ -31,6 +30,7 @@ from heatinv.lrp.graph import MODEL_INPUT
 from heatinv.lrp.rules import (
     UNSCALED_RULES,
     adjoint,
+    box_bound,
     concatenation_rule,
     known_zero,
     norm,
@@ -246,21 +246,6 @@ def rectified_steps(steps: list[Step], composite: Composite, start: int) -> set[
     return rectified
 
 
-def _one_example(bound, x: tf.Tensor, name: str) -> tf.Tensor:
-    """A bound of the input box (a number, or an array broadcasting to one example) shaped like ``x[:1]``."""
-    example = (1, *x.shape[1:])
-    try:
-        fits = np.broadcast_shapes(np.shape(bound), example) == example
-    except ValueError:
-        fits = False
-    if not fits and None not in example:
-        raise ValueError(
-            f"LRP-z^B's {name} has shape {np.shape(bound)}, which does not broadcast to one input of shape "
-            f"{example[1:]}: give a number, one value per channel ({example[-1]},) or one per input value {example[1:]}."
-        )
-    return tf.convert_to_tensor(bound, x.dtype) + tf.zeros_like(x[:1])
-
-
 def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]:
     """The input box ``[low, high]`` carried to the input of every first Linear step.
 
@@ -280,7 +265,7 @@ def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]
         example of that step's input (batch size 1), or ``0.0``.
     """
     # The box is the same for every example: carried at batch size 1, it broadcasts where used.
-    box = {MODEL_INPUT: (_one_example(low, x, "low"), _one_example(high, x, "high"))}
+    box = {MODEL_INPUT: (box_bound(low, x, "low"), box_bound(high, x, "high"))}
     zero = {MODEL_INPUT: (known_zero(low), known_zero(high))}
     at_first = {}
     for i, step in enumerate(steps):

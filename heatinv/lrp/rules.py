@@ -282,9 +282,9 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
     # so its term is skipped. The bounds are the same for every example: their products are
     # computed for one and broadcast.
     inputs, kernels = [a], [kernel]
-    for bound, bound_kernel in ((low, w_pos), (high, w_neg)):
+    for name, bound, bound_kernel in (("low", low, w_pos), ("high", high, w_neg)):
         if not known_zero(bound):
-            inputs.append(-_one_example(bound, a))
+            inputs.append(-box_bound(bound, a, name))
             kernels.append(bound_kernel)
     z = _product(a, kernel, layer, product)
     if len(inputs) > 1:
@@ -304,8 +304,22 @@ def known_zero(bound) -> bool:
     return bound is not None and not tf.is_tensor(bound) and not np.any(bound)
 
 
-def _one_example(bound, like: tf.Tensor) -> tf.Tensor:
-    """A bound (a scalar, or an array that broadcasts to one input: per pixel or channel) shaped like ``like[:1]``."""
+def box_bound(bound, like: tf.Tensor, name: str) -> tf.Tensor:
+    """A z^B bound (a number, or an array that broadcasts to one input: per pixel or channel) shaped like ``like[:1]``.
+
+    Raises:
+        ValueError: the bound (``name``: ``low`` or ``high``) does not broadcast to one input.
+    """
+    example, given = (1, *like.shape[1:]), tuple(np.shape(bound))
+    try:
+        fits = None in example or None in given or np.broadcast_shapes(given, example) == example  # unknown sizes: not checked
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"LRP-z^B's {name} has shape {np.shape(bound)}, which does not broadcast to one input of shape "
+            f"{example[1:]}: give a number, one value per channel ({example[-1]},) or one per input value {example[1:]}."
+        )
     return tf.convert_to_tensor(bound, dtype=like.dtype) + tf.zeros_like(like[:1])
 
 
