@@ -165,37 +165,38 @@ def build_application(name: str, input_shape: tuple[int, ...], num_classes: int)
 
 
 def smoothed(model: keras.Model, beta: float) -> keras.Model:
-    """``model`` with each ReLU layer (ReLU6 included) and ``Activation("relu")`` a :class:`~heatinv.layers.SoftplusBeta`.
+    """``model`` with each ReLU (ReLU6 included) a :class:`~heatinv.layers.SoftplusBeta`.
 
     A ReLU network's units that are off for an input give the heatmap's derivative nothing
     to follow there: relevance cannot be moved into regions the features ignore (Anders et
-    al. 2020 manipulate softplus networks for this reason). The clone keeps the layers'
-    names and the count of weights; ReLU6's upper clip is dropped. A ReLU inside another
-    layer (``Conv2D(activation="relu")``, as in VGG) cannot be swapped one layer for one:
-    refused, naming the layer.
+    al. 2020 manipulate softplus networks for this reason). A ReLU layer or
+    ``Activation("relu")`` becomes a softplus layer of the same name; a layer that applies
+    its ReLU itself (``Conv2D(activation="relu")``, as in VGG) becomes a small Sequential
+    ``<name>_smoothed`` of that layer, same name, without its activation, and a softplus
+    ``<name>_softplus``. The weights keep their order and count, so
+    ``set_weights(model.get_weights())`` fits; ReLU6's upper clip is dropped.
 
     Example:
     >>> model = smoothed(build_application("mobilenetv2", (32, 32, 3), 3), beta=10.0)
     >>> sum(isinstance(layer, SoftplusBeta) for layer in model.layers)
     35
     """
-    for layer in model._flatten_layers(include_self=False):  # nested models' layers too
-        inner = getattr(layer, "activation", None)
-        if not isinstance(layer, keras.layers.Activation) and getattr(inner, "__name__", "") == "relu":
-            raise ValueError(
-                f"model.activation=softplus: {model.name}'s layer {layer.name!r} applies its ReLU itself "
-                f"({type(layer).__name__}(activation='relu')), so it cannot be swapped for a softplus. Use "
-                "model.activation=relu with this model, or a model with separate ReLU layers (mobilenetv2, resnet50, "
-                "resnet50v2, densenet121)."
-            )
 
     def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
-        relu = isinstance(layer, keras.layers.ReLU) or (
-            isinstance(layer, keras.layers.Activation) and getattr(layer.activation, "__name__", "") == "relu"
-        )
-        return SoftplusBeta(beta, name=layer.name) if relu else layer.__class__.from_config(layer.get_config())
+        if isinstance(layer, keras.layers.ReLU) or (isinstance(layer, keras.layers.Activation) and _is_relu(layer.activation)):
+            return SoftplusBeta(beta, name=layer.name)
+        config = layer.get_config()
+        if not isinstance(layer, keras.layers.Activation) and _is_relu(getattr(layer, "activation", None)):
+            config["activation"] = None
+            linear = layer.__class__.from_config(config)
+            return keras.Sequential([linear, SoftplusBeta(beta, name=f"{layer.name}_softplus")], name=f"{layer.name}_smoothed")
+        return layer.__class__.from_config(config)
 
     return keras.models.clone_model(model, clone_function=swap, recursive=True)
+
+
+def _is_relu(activation) -> bool:
+    return getattr(activation, "__name__", "") in ("relu", "relu6")
 
 
 def load_model_file(path: str) -> keras.Model:

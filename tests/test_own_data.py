@@ -27,7 +27,7 @@ from heatinv.config import ConfigError
 from heatinv.feature_targets import feature_share, move_feature_relevance
 from heatinv.lrp import LRP
 from heatinv.layers import SoftplusBeta
-from heatinv.models import APPLICATIONS, Architecture, build_application, build_model
+from heatinv.models import APPLICATIONS, Architecture, build_application, build_model, smoothed
 from heatinv.targets import build_target, pattern_map
 from heatinv.train import run
 
@@ -222,9 +222,32 @@ def test_softplus_applications_swap_every_relu_layer_and_nothing_else(name):
     np.testing.assert_allclose(after, np.logaddexp(0.0, 7.0 * before) / 7.0, rtol=1e-5, atol=1e-6)
 
 
-def test_softplus_is_refused_for_a_relu_inside_a_convolution():
-    with pytest.raises(ValueError, match=r"'block1_conv1'.*Conv2D\(activation='relu'\).*model.activation=relu"):
-        build_model(Architecture("vgg16", activation="softplus"), 3, input_shape=(32, 32, 3))
+def test_softplus_reaches_a_relu_inside_a_layer():
+    smooth = build_model(Architecture("vgg16", activation="softplus", beta=7.0), 3, input_shape=(32, 32, 3))
+    plain = build_application("vgg16", (32, 32, 3), 3)
+    layers = list(smooth._flatten_layers(include_self=False))
+    assert sum(isinstance(layer, SoftplusBeta) for layer in layers) == 15  # 13 convolutions, fc1, fc2
+    assert not [layer.name for layer in layers if getattr(getattr(layer, "activation", None), "__name__", "") == "relu"]
+    assert smooth.get_layer("block1_conv1_smoothed").get_layer("block1_conv1").activation.__name__ == "linear"
+    assert smooth.count_params() == plain.count_params()
+
+    # Each layer's own ReLU, and ReLU6, become softplus(beta z) / beta of its z; LRP explains the
+    # result as it does the same network written with separate softplus layers.
+    keras.utils.set_random_seed(0)
+    fused = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(3, 3, activation="relu", name="conv"),
+                              keras.layers.Flatten(), keras.layers.Dense(5, activation="relu6"), keras.layers.Dense(2)])
+    separate = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(3, 3), SoftplusBeta(7.0), keras.layers.Flatten(),
+                                 keras.layers.Dense(5), SoftplusBeta(7.0), keras.layers.Dense(2)])
+    separate.set_weights(fused.get_weights())
+    smooth = smoothed(fused, 7.0)
+    smooth.set_weights(fused.get_weights())
+    x = np.random.default_rng(0).uniform(0, 1, (2, 8, 8, 1)).astype("float32")
+    kernel, bias, w, b, w_out, b_out = (np.asarray(v, np.float64) for v in fused.get_weights())
+    patches = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), axis=(1, 2))  # [2, 6, 6, 1, 3, 3]
+    z = np.einsum("bhwcij,ijcf->bhwf", patches, kernel) + bias
+    h = np.logaddexp(0.0, 7.0 * (np.logaddexp(0.0, 7.0 * z) / 7.0).reshape(2, -1) @ w + 7.0 * b) / 7.0
+    np.testing.assert_allclose(smooth(x), h @ w_out + b_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(LRP(smooth, "epsilon_gamma_box")(x, 1), LRP(separate, "epsilon_gamma_box")(x, 1))
 
 
 # --- bad input ------------------------------------------------------------------------------
