@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from heatinv.atomic import write_json
 from heatinv.final_metrics import FINAL_METRICS
 from heatinv.job_log import DONE_MARK, FAILED_MARK, UNREAD_MARK
+from heatinv.wording import run_dir_override
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ def read_job(job_dir: str, sweep_dir: str) -> dict:
         status = "interrupted" if saved is not None else "failed"
         error = (
             f"stopped after step {saved} (checkpoint ckpt-{saved}): resume the sweep with the same command plus "
-            f"hydra.sweep.dir={sweep_dir} trainer.resume=true"
+            f"{run_dir_override(sweep_dir, 'hydra.sweep.dir')} trainer.resume=true"
             if saved is not None
             else f"no metrics.json, and no error in {os.path.relpath(log_path, sweep_dir)}: the job exited or was "
             "killed before Hydra could record a failure (see the launcher's output)"

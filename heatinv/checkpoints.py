@@ -16,7 +16,6 @@ import glob
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import sys
@@ -29,6 +28,7 @@ from omegaconf import OmegaConf
 
 from heatinv.atomic import atomic_path
 from heatinv.config import MAY_CHANGE_ON_RESUME, flat_config
+from heatinv.wording import run_dir_override
 
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
 CHECKPOINTS = "checkpoints"
@@ -38,24 +38,6 @@ RUN_WRITES = RESULT_FILES + ("heatmaps.svg", "doctor.json", "tensorboard", CHECK
 
 class RunDirectoryError(ValueError):
     """The run directory holds results that this run would overwrite."""
-
-
-def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
-    """``key=<out>`` (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``) as one shell word that Hydra reads back as ``out``.
-
-    A run folder named after its overrides (``23-37-04_loss=l1,optimizer.lr=0.1``) holds
-    ``=`` and ``,``, which Hydra's override grammar reads as syntax unless the value is quoted.
-
-    Example:
-    >>> run_dir_override("outputs/d/23-37-04"), run_dir_override("outputs/d/23-37-04_loss=l1")
-    ('hydra.run.dir=outputs/d/23-37-04', '"hydra.run.dir=\'outputs/d/23-37-04_loss=l1\'"')
-    """
-    if re.fullmatch(r"[\w./:@+~-]+", out):
-        return f"{key}={out}"
-    # In Hydra's quoted strings a backslash escapes only a quote or the backslashes before one.
-    escaped = re.sub(r"(\\*)('|$)", lambda m: 2 * m.group(1) + ("\\'" if m.group(2) else ""), out)
-    quoted = f"{key}='{escaped}'"
-    return f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)
 
 
 class RunInterrupted(Exception):

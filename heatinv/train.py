@@ -42,7 +42,6 @@ from heatinv.checkpoints import (  # noqa: E402
     checkpoint_numbers,
     guard_run_directory,
     restore_hydra_record,
-    run_dir_override,
     save_run_config,
 )
 from heatinv.config import ConfigError, flat_config, register, validate  # noqa: E402
@@ -51,7 +50,7 @@ from heatinv.lrp import UnsupportedLayerError  # noqa: E402
 from heatinv.manipulate import DatasetTask  # noqa: E402
 from heatinv.single import SingleTask  # noqa: E402
 from heatinv.summaries import Summaries, compared_hparams, trial_name  # noqa: E402
-from heatinv.wording import count  # noqa: E402
+from heatinv.wording import count, run_dir_override  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,9 @@
-"""Counts in words for the console and error messages: ``1 epoch``, ``3 epochs``."""
+"""Words for the console and error messages: counts (``1 epoch``, ``3 epochs``) and the overrides to type."""
 
 from __future__ import annotations
+
+import re
+import shlex
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -11,3 +14,23 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     ('1 epoch', '3 batches')
     """
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
+    """``key=<out>`` (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``) as one shell word that Hydra reads back as ``out``.
+
+    A run folder named after its overrides (``23-37-04_loss=l1,optimizer.lr=0.1``) holds
+    ``=`` and ``,``, which Hydra's override grammar reads as syntax unless the value is quoted.
+
+    Example:
+    >>> print(run_dir_override("outputs/d/23-37-04"))
+    hydra.run.dir=outputs/d/23-37-04
+    >>> print(run_dir_override("outputs/d/23-37-04_loss=l1"))
+    "hydra.run.dir='outputs/d/23-37-04_loss=l1'"
+    """
+    if re.fullmatch(r"[\w./:@+~-]+", out):
+        return f"{key}={out}"
+    # In Hydra's quoted strings a backslash escapes only a quote or the backslashes before one.
+    escaped = re.sub(r"(\\*)('|$)", lambda m: 2 * m.group(1) + ("\\'" if m.group(2) else ""), out)
+    quoted = f"{key}='{escaped}'"
+    return f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
@@ -357,12 +359,17 @@ def test_a_job_stopped_while_extending_is_interrupted_not_its_old_results(tmp_pa
     """Extending a finished sweep and stopping it left each job "ok" with the metrics the extension would replace."""
     from heatinv.callbacks import read_job
 
-    sweep = tmp_path / "sweep"
+    sweep = tmp_path / "my sweeps" / "12-00-00_loss=l1,mse"  # a space, and Hydra's override syntax
     job = make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))  # metrics of step 3
     (sweep / "0" / "checkpoints").mkdir()
     (sweep / "0" / "checkpoints" / "ckpt-6.index").write_bytes(b"")
     read = read_job(job, str(sweep))
     assert read["status"] == "interrupted" and "stopped after step 6" in read["error"] and read["metrics"] is None
+    # The resume command it prints reads back as this sweep folder in a shell and in Hydra.
+    words = shlex.split(read["error"].split("the same command plus ")[1])
+    assert words[1] == "trainer.resume=true"
+    override = OverridesParser.create().parse_override(words[0])
+    assert override.get_key_element() == "hydra.sweep.dir" and override.value() == str(sweep)
 
 
 def test_a_swept_key_that_no_job_reads_is_named_in_the_summary(tmp_path, capsys):

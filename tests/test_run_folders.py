@@ -23,7 +23,7 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import EventA
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from conftest import SMOKE
-from heatinv.checkpoints import run_dir_override
+from heatinv.wording import run_dir_override
 from heatinv.config import run_folder_name
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 
