@@ -17,7 +17,7 @@ Example:
 >>> target = np.random.randn(28, 28)
 >>> fig = heatmap_figure(x, target, 0.01 * target, target, {"cosine": 0.99})
 >>> [ax.get_title() for ax in fig.axes[:5]]
-['input', 'target', 'initial (x10)', 'final', 'target - final']
+['input', 'target', 'initial (x100)', 'final', 'target - final']
 >>> save(fig, "/tmp/heatmaps")  # doctest: +SKIP
 ['/tmp/heatmaps.png', '/tmp/heatmaps.svg']
 """
