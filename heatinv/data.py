@@ -433,6 +433,12 @@ def load_npz(path: str) -> Dataset:
         if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
             raise _npz_error(file, f"{key} with NaN or infinite values", mnist=False)
         xs[key] = x
+    if (xs["x_test"].dtype == np.uint8) != (xs["x_train"].dtype == np.uint8):
+        raise _npz_error(
+            file, f"x_train of dtype {xs['x_train'].dtype} and x_test of dtype {xs['x_test'].dtype}: uint8 images are "
+            "scaled to [0, 1] and floats taken as they are, so the two splits would not be on one scale; save both "
+            "in one dtype (x.astype('float32') / 255 for uint8 images in [0, 1])", mnist=False,
+        )
     if xs["x_test"].shape[1:] != xs["x_train"].shape[1:]:
         raise _npz_error(
             file, f"x_test with examples of shape {xs['x_test'].shape[1:]} while x_train's are {xs['x_train'].shape[1:]}; "

@@ -14,7 +14,7 @@ import numpy as np
 from heatinv.data import Dataset, first_index_of
 from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
 from heatinv.lrp import LRP
-from heatinv.maps_io import read_map
+from heatinv.maps_io import fit_shape, read_map
 
 PATTERNS = ("square", "cross", "frame")
 
@@ -113,12 +113,13 @@ def unit_total(pattern: np.ndarray, path: str) -> np.ndarray:
 
 def read_map_array(values: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndarray:
     """``values`` in ``shape``, or the error naming the file, both shapes and the key."""
-    if values.size != int(np.prod(shape)):
+    try:  # a map of the same values in another arrangement ([W, H], [C, H, W]) is refused, not reshaped
+        return fit_shape(values, shape).astype(np.float32)
+    except ValueError:
         raise ValueError(
             f"The target map {path} (target.path) has shape {values.shape}; the data needs a map of shape "
-            f"{shape} (or [H, W] / [H, W, C] for images). Save a map of the data's height and width."
-        )
-    return values.reshape(shape).astype(np.float32)
+            f"{shape} (or [H, W] / [H, W, C] for images, channels last). Save a map of the data's height and width."
+        ) from None
 
 
 def build_target(

@@ -182,6 +182,16 @@ def test_file_target_per_channel_is_summed(shapes_npz, tmp_path):
     np.testing.assert_array_equal(kept.heatmap[0], per_channel)
 
 
+@pytest.mark.parametrize("saved", [(3, 32, 32), (16, 64), (1, 32 * 32 * 3 // 2, 2)])
+def test_file_target_of_another_arrangement_is_refused_not_reshaped(shapes_npz, tmp_path, saved):
+    """A channels-first map, or one of the data's size but another height and width, holds the right number of values."""
+    ds = data.load_npz(shapes_npz)
+    np.save(tmp_path / "t.npy", np.random.default_rng(0).random(saved).astype(np.float32))
+    channels = "keep" if np.prod(saved) == 32 * 32 * 3 else "sum"
+    with pytest.raises(ValueError, match=rf"t.npy \(target.path\) has shape \({saved[0]}, .*channels last"):
+        build_target("file", ds, None, label=1, path=str(tmp_path / "t.npy"), channels=channels)
+
+
 # --- models --------------------------------------------------------------------------------
 
 
@@ -326,6 +336,13 @@ def test_npz_splits_of_different_shapes_name_the_file(config, tmp_path):
     np.savez(tmp_path / "odd.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:, :20], y_test=y[8:])
     expect(ValueError, config("data=npz", f"data.path={tmp_path}/odd.npz"), "odd.npz", "(data.path)",
            "x_test with examples of shape (20, 32, 3) while x_train's are (32, 32, 3)")
+
+
+def test_npz_splits_of_different_scales_name_both_dtypes(config, tmp_path):
+    x, y = draw_shapes(12)  # uint8
+    np.savez(tmp_path / "mixed.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:].astype("float32") / 255, y_test=y[8:])
+    expect(ValueError, config("data=npz", f"data.path={tmp_path}/mixed.npz"), "mixed.npz", "(data.path)",
+           "x_train of dtype uint8 and x_test of dtype float32", "x.astype('float32') / 255")
 
 
 def test_npz_labels_with_a_gap_are_refused_with_the_renumbering(config, tmp_path):
