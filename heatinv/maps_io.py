@@ -10,7 +10,8 @@ so a file can never run code, and PNGs are decoded by `tf.io.decode_png`.
   overflow.
 - `.png`: 8- or 16-bit grayscale, gray+alpha, RGB or RGBA. Values are scaled
   to `[0, 1]`; colour is converted to luminance (`0.299 R + 0.587 G +
-  0.114 B`, ITU-R BT.601) and alpha is dropped. The result is `[H, W, 1]`.
+  0.114 B`, ITU-R BT.601) and alpha is dropped. The result is `[H, W, 1]`
+  (an input image for a colour model, `image=True`: `[H, W, 3]` RGB).
   A PNG cannot carry negative relevance, and a rendered blue-white-red
   heatmap does not convert back to relevance through luminance; save signed
   targets as `.npy`.
@@ -43,6 +44,7 @@ def read_map(
     path: str,
     expected_shape: tuple[int, ...] | None = None,
     what: str | None = None,
+    image: bool = False,
 ) -> np.ndarray:
     """Reads a heatmap or image from `.npy` or `.png` as float32.
 
@@ -55,6 +57,10 @@ def read_map(
             (`(784,)`) are reshaped to it, in row-major order.
         what: the config key that named the file, e.g. `"target.path"`,
             quoted in error messages so the user knows what to change.
+        image: the file is a model input (`target.image`), read as the data
+            loaders read images: a `uint8` array is scaled to `[0, 1]`, and
+            a PNG for an `expected_shape` of 3 channels is read as RGB (alpha
+            dropped; a grayscale PNG in all three).
 
     Returns:
         float32 array: the `.npy` array's own shape, `[H, W, 1]` for a PNG,
@@ -78,8 +84,10 @@ def read_map(
     extension = os.path.splitext(resolved)[1].lower()
     if extension == ".npy":
         array = _read_npy(resolved, source)
+        array = array / 255.0 if image and array.dtype == np.uint8 else array.astype(np.float64)
     elif extension == ".png":
-        array = _read_png(resolved, source)
+        rgb = image and expected_shape is not None and len(expected_shape) == 3 and expected_shape[-1] == 3
+        array = _read_png(resolved, source, channels=3 if rgb else 1)
     else:
         raise ValueError(
             f"heatinv/maps_io.py: {source} has extension {extension or '(none)'!r}, "
@@ -207,11 +215,12 @@ def _read_npy(path: str, source: str) -> np.ndarray:
             "real numbers (float, int or bool). Save the map as a float "
             "array: np.save(path, np.asarray(heatmap, dtype=np.float32))."
         )
-    # float64 keeps the saved values for the error messages; read_map casts to float32.
-    return array.astype(np.float64)
+    # In its own dtype: read_map scales uint8 images, and casts to float32 only after checking
+    # the values in float64, so that the error messages show them as saved.
+    return array
 
 
-def _read_png(path: str, source: str) -> np.ndarray:
+def _read_png(path: str, source: str, channels: int = 1) -> np.ndarray:
     with open(path, "rb") as handle:
         contents = handle.read()
     try:
@@ -221,12 +230,9 @@ def _read_png(path: str, source: str) -> np.ndarray:
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as err:
         raise _unreadable_error(source, "png", err.message) from err
     values = pixels.astype(np.float64) / _UINT16_MAX
-    channels = values.shape[-1]
-    if channels <= 2:  # gray, or gray + alpha
-        gray = values[..., :1]
-    else:  # RGB, or RGBA
-        gray = values[..., :3] @ _LUMA[:, None]
-    return gray
+    if values.shape[-1] <= 2:  # gray, or gray + alpha
+        return np.repeat(values[..., :1], channels, axis=-1)
+    return values[..., :3] if channels == 3 else values[..., :3] @ _LUMA[:, None]  # RGB, or RGBA
 
 
 def _unreadable_error(source: str, kind: str, detail) -> ValueError:

@@ -146,7 +146,7 @@ def build_target(
     shape = dataset.x_test.shape[1:]
     map_shape = shape[:-1] + (1,) if len(shape) == 3 and channels == "sum" else shape
     if image is not None:
-        x = read_map(image, expected_shape=shape, what="target.image")[None]
+        x = read_map(image, expected_shape=shape, what="target.image", image=True)[None]
         source_image = image
     else:
         i = first_index_of(dataset, label, index)

@@ -182,6 +182,22 @@ def test_file_target_per_channel_is_summed(shapes_npz, tmp_path):
     np.testing.assert_array_equal(kept.heatmap[0], per_channel)
 
 
+def test_target_image_is_read_as_the_data_reads_images(shapes_npz, tmp_path):
+    """A colour PNG keeps its colours for a colour model, and uint8 pixels are scaled to [0, 1] as an .npz's are."""
+    ds = data.load_npz(shapes_npz)
+    pixels = np.round(ds.x_test[0] * 255).astype(np.uint8)  # [32, 32, 3]
+    np.save(tmp_path / "map.npy", np.ones((32, 32), np.float32))
+    (tmp_path / "image.png").write_bytes(tf.io.encode_png(pixels).numpy())
+    np.save(tmp_path / "image.npy", pixels)
+    rgba = np.concatenate([pixels, np.full((32, 32, 1), 9, np.uint8)], axis=-1)
+    (tmp_path / "rgba.png").write_bytes(tf.io.encode_png(rgba).numpy())
+    (tmp_path / "gray.png").write_bytes(tf.io.encode_png(pixels[..., :1]).numpy())
+    for name, expected in (("image.png", pixels), ("image.npy", pixels), ("rgba.png", pixels),
+                           ("gray.png", np.repeat(pixels[..., :1], 3, axis=-1))):
+        target = build_target("file", ds, None, label=1, path=str(tmp_path / "map.npy"), image=str(tmp_path / name))
+        np.testing.assert_allclose(target.image[0], expected / 255.0, atol=1e-7, err_msg=name)
+
+
 @pytest.mark.parametrize("saved", [(3, 32, 32), (16, 64), (1, 32 * 32 * 3 // 2, 2)])
 def test_file_target_of_another_arrangement_is_refused_not_reshaped(shapes_npz, tmp_path, saved):
     """A channels-first map, or one of the data's size but another height and width, holds the right number of values."""
