@@ -596,14 +596,27 @@ def decoder(image_size: tuple[int, int], channels: int = 3):
 
     The same steps as ``keras.utils.image_dataset_from_directory`` (``decode_image`` with
     ``channels``: 3 for RGB, 1 for grayscale; ``resize`` bilinear to ``image_size``), scaled
-    from 0..255 to ``[0, 1]``.
+    from 0..255 to ``[0, 1]``. In grayscale, BMP and GIF files, which TensorFlow decodes only
+    in colour (Keras's loader fails on them), are decoded as RGB and made one channel by
+    ``tf.image.rgb_to_grayscale``.
     """
     import tensorflow as tf  # here, so that importing heatinv.data stays cheap
 
     height, width = int(image_size[0]), int(image_size[1])
 
+    def in_colour_only(contents):
+        return tf.logical_or(tf.strings.substr(contents, 0, 2) == b"BM", tf.strings.substr(contents, 0, 3) == b"GIF")
+
     def decode(path):
-        image = tf.image.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+        contents = tf.io.read_file(path)
+        if channels == 1:
+            image = tf.cond(
+                in_colour_only(contents),
+                lambda: tf.image.rgb_to_grayscale(tf.image.decode_image(contents, channels=3, expand_animations=False)),
+                lambda: tf.image.decode_image(contents, channels=1, expand_animations=False),
+            )
+        else:
+            image = tf.image.decode_image(contents, channels=channels, expand_animations=False)
         image = tf.image.resize(image, (height, width), method="bilinear")
         image.set_shape((height, width, channels))
         return image / 255.0

@@ -489,6 +489,25 @@ def test_a_grayscale_folder_is_read_in_one_channel_with_color_mode_grayscale(tmp
     assert data.image_key(gray.x_train) != data.image_key(rgb.x_train) == repr((12, 10))
 
 
+def test_grayscale_reads_bmp_and_gif_files_too(tmp_path):
+    """TensorFlow decodes BMP and GIF only in colour: heatinv blamed those files as undecodable in grayscale."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = {}
+    for label, suffix in (("bmp", ".bmp"), ("gif", ".gif"), ("png", ".png")):
+        (tmp_path / "mixed" / label).mkdir(parents=True)
+        for i in range(3):
+            image = rng.integers(0, 256, (12, 10), dtype=np.uint8)
+            path = tmp_path / "mixed" / label / f"{i}{suffix}"
+            Image.fromarray(image).convert("RGB").save(path)  # three equal channels: gray in colour
+            pixels[str(path)] = image[..., None].astype(np.float32) / 255
+    gray = data.load_folder(str(tmp_path / "mixed"), (12, 10), 0.3, seed=0, color_mode="grayscale")
+    for split in (gray.x_train, gray.x_test):
+        for i, path in enumerate(split.paths):
+            np.testing.assert_allclose(split[i], pixels[path], atol=1.01 / 255, err_msg=path)
+
+
 def test_csv_without_the_label_column(config, tmp_path):
     (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=label"),
