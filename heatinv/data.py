@@ -578,6 +578,13 @@ def _split_files(folder: str, classes: list[str], test_split: float, seed: int):
                 f"images (.png/.jpg/.jpeg/.bmp/.gif); every subfolder of '{folder}' is a class, and a class "
                 "without images cannot be learned. Put its images there, or move the empty folder out."
             )
+    dangling = [path for path in paths if not os.path.exists(path)]
+    if dangling:
+        raise ValueError(
+            f"heatinv/data.py load_folder: the image folder '{folder}' (data.path) holds {len(dangling)} link(s) to "
+            f"files that do not exist, the first '{dangling[0]}' -> '{os.readlink(dangling[0])}'. Remove the broken "
+            "links, or restore the files they point to."
+        )
     held_out = int(test_split * len(paths))
     if held_out < 1 or held_out >= len(paths):
         raise ValueError(

@@ -508,6 +508,13 @@ def test_grayscale_reads_bmp_and_gif_files_too(tmp_path):
             np.testing.assert_allclose(split[i], pixels[path], atol=1.01 / 255, err_msg=path)
 
 
+def test_a_broken_link_in_an_image_folder_is_named(config, tmp_path):
+    write_folder(str(tmp_path / "imgs"), 12)
+    (tmp_path / "imgs" / "disk" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    expect(ValueError, config("data=folder", f"data.path={tmp_path}/imgs", "data.image_size=[32,32]", "model=cnn"),
+           "(data.path)", "1 link(s) to files that do not exist", "disk/gone.png' -> ", "nowhere.png", "Remove the broken links")
+
+
 def test_csv_without_the_label_column(config, tmp_path):
     (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=label"),
