@@ -821,6 +821,13 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
         has = "is empty" if not rows else f"has a header ({', '.join(rows[0])}) but no rows"
         raise ValueError(f"heatinv/data.py load_csv: '{file}' (data.path) {has}. Give a table with one row per example.")
     header = [h.strip() for h in rows[0]]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise ValueError(
+            f"heatinv/data.py load_csv: '{file}' (data.path) names more than one column {', '.join(map(repr, repeated))}, "
+            "so a feature (target.feature) or the label column could not be told apart by name. Give each column "
+            "a name of its own in the header row."
+        )
     if label_column not in header:
         other = next((name for sign, name in ((";", "semicolons"), ("\t", "tabs")) if len(header) == 1 and sign in header[0]), None)
         fix = (
@@ -849,20 +856,35 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
             f"heatinv/data.py load_csv: '{file}' (data.path) line {line} has no label (its {label_column!r} cell, "
             "data.label_column, is empty). Label every row, or drop the unlabelled ones."
         )
-    names = sorted(set(raw), key=_label_order(set(raw)))
-    y = np.array([names.index(v) for v in raw], np.int64)
-    return _standardized_table(x, y, os.path.splitext(os.path.basename(file))[0], tuple(names), tuple(features), test_fraction)
+    names, y = _label_classes(raw)
+    return _standardized_table(x, y, os.path.splitext(os.path.basename(file))[0], names, tuple(features), test_fraction)
 
 
-def _label_order(labels: set[str]):
-    """Numbers by value (``2`` before ``10``), any other labels as text."""
+def _label_classes(labels: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The classes of a csv's labels and each row's class index.
+
+    Labels that are all numbers are classes by value, in order (``2`` before ``10``; ``1`` and
+    ``1.0`` one class, named by its shortest spelling); any other labels are classes as text,
+    sorted.
+
+    Example:
+    >>> _label_classes(["10", "2", "2.0", "10"])
+    (('2', '10'), array([1, 0, 0, 1]))
+    """
     try:
-        values = {label: float(label) for label in labels}
+        values = {label: float(label) for label in set(labels)}
     except ValueError:
-        return str
-    if not all(np.isfinite(v) for v in values.values()):  # "nan" has no place among numbers
-        return str
-    return lambda label: (values[label], label)
+        values = None
+    if values is None or not all(np.isfinite(v) for v in values.values()):  # "nan" has no place among numbers
+        names = tuple(sorted(set(labels)))
+        return names, np.array([names.index(label) for label in labels], np.int64)
+    spellings: dict[float, list[str]] = {}
+    for label, value in values.items():
+        spellings.setdefault(value, []).append(label)
+    order = sorted(spellings)
+    names = tuple(min(spellings[value], key=lambda text: (len(text), text)) for value in order)
+    index = {value: i for i, value in enumerate(order)}
+    return names, np.array([index[values[label]] for label in labels], np.int64)
 
 
 def _csv_numbers(file: str, rows: list[list[str]], header: list[str], label_at: int) -> np.ndarray:

@@ -549,6 +549,22 @@ def test_csv_classes_that_are_numbers_are_ordered_by_value(tmp_path):
     assert ds.class_names == ("0", "1", "2", "10", "11")  # as text: "10" and "11" came before "2"
 
 
+def test_csv_labels_that_are_one_number_spelled_two_ways_are_one_class(tmp_path):
+    labels = ["0", "1.0", "1", "0.0", "2", "02"] * 8
+    rows = "".join(f"{i % 5},{label}\n" for i, label in enumerate(labels))
+    (tmp_path / "t.csv").write_text("a,grade\n" + rows)
+    ds = data.load_csv(str(tmp_path / "t.csv"), "grade")
+    assert ds.class_names == ("0", "1", "2")
+    y = np.concatenate([ds.y_train, ds.y_test])
+    assert sorted(np.bincount(y)) == [16, 16, 16]
+
+
+def test_csv_with_a_column_named_twice_is_refused(config, tmp_path):
+    (tmp_path / "t.csv").write_text("x,x,outcome\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(12)))
+    expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",
+           "names more than one column 'x'", "a name of its own")
+
+
 def test_csv_in_another_encoding_is_named_with_the_fix(config, tmp_path):
     (tmp_path / "t.csv").write_bytes("outcome,a\nM\xfcller,1\nx,2\n".encode("cp1252"))  # Excel's "CSV (Comma delimited)"
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",
