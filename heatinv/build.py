@@ -191,29 +191,48 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
     if cfg.task.kind == "dataset":
         _check_dataset_classes(cfg, dataset, names)
         return
+    label = target_class(cfg, dataset)
     if target.get("image"):
         return
-    if target.label >= dataset.num_classes:
+    if label >= dataset.num_classes:
         example = "target=class target.label=0" if target.kind == "class" else f"target.label=0 (with target={target.kind})"
+        default = " (target=digit7, the default, is the digits' shorthand for target=class target.label=7)" if label == 7 else ""
         raise ConfigError(
             f"Config value target.label={target.label} is not a class of the {dataset.name} data, whose labels are "
-            f"{names} (target=digit7, the default, is the digits' shorthand for target=class target.label=7). Pick "
-            f"one of this data's classes, e.g. {example}."
+            f"{names}{default}. Pick one of this data's classes, e.g. {example}."
         )
-    count = int(np.count_nonzero(np.asarray(dataset.y_test) == target.label))
+    count = int(np.count_nonzero(np.asarray(dataset.y_test) == label))
     if count == 0:
         held = ", ".join(str(c) for c in np.unique(np.asarray(dataset.y_test)))
         where = f"the held-out examples are of classes {held}. Pick one of those" if held else "it has no held-out examples at all. Add some"
         raise ConfigError(
-            f"Config value target.label={target.label} is a class of the {dataset.name} data with no held-out "
+            f"Config value target.label={target.label!r} is a class of the {dataset.name} data with no held-out "
             f"example, so there is no image of it to explain; {where}, or hold out examples of this class too."
         )
     if target.index >= count:
         raise ConfigError(
             f"Config value target.index={target.index} asks for held-out example {target.index} (counting from 0) of "
-            f"class {target.label}, but the {dataset.name} data holds {count} held-out examples of that class; pick "
+            f"class {target.label!r}, but the {dataset.name} data holds {count} held-out examples of that class; pick "
             f"target.index from 0 to {count - 1}, or another target.label."
         )
+
+
+def target_class(cfg, dataset: Dataset) -> int:
+    """``target.label`` as a class index: given as one, or as a class's name (a csv's label, a folder's subfolder).
+
+    Example:
+    >>> target_class(OmegaConf.create({"target": {"label": "yes"}}), load_csv("t.csv", "outcome"))  # doctest: +SKIP
+    1
+    """
+    label = cfg.target.label
+    if not isinstance(label, str):
+        return int(label)
+    if label in dataset.class_names:
+        return list(dataset.class_names).index(label)
+    raise ConfigError(
+        f"Config value target.label={label!r} is not a class of the {dataset.name} data, whose classes are "
+        f"{_class_list(dataset.class_names)}. Give one of these names, or its index (e.g. target.label=0)."
+    )
 
 
 def _read_target_files(cfg, dataset: Dataset) -> None:
@@ -320,7 +339,7 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
         t.kind,
         dataset,
         explainer_for(reference, cfg) if t.kind in ("class",) + FEATURE_KINDS else None,
-        label=t.label,
+        label=target_class(cfg, dataset),
         index=t.index,
         path=t.path,
         image=t.image,

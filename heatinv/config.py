@@ -57,7 +57,7 @@ class ModelConfig:
 @dataclass
 class TargetConfig:
     kind: str = "class"  # class | file | pattern (single); pattern | swap | suppress (dataset)
-    label: int = 7  # the class explained (and whose held-out image is used)
+    label: Any = 7  # the class explained (and whose held-out image is used): its index, or its name in the data
     index: int = 0  # which held-out image of that class
     channels: str = "sum"  # colour images: compare maps summed over channels (sum) or per channel (keep)
     feature: Optional[str] = None  # tables: suppress_feature / swap_features: the feature whose relevance moves
@@ -359,8 +359,12 @@ def validate(cfg) -> None:
             "Config values trainer.resume=true and trainer.overwrite=true contradict each other: resume continues "
             "the run in hydra.run.dir, overwrite starts it over. Keep one of them."
         )
-    if cfg.target.label < 0:
-        raise ConfigError(f"Config value target.label={cfg.target.label!r} must be a class index >= 0.")
+    label = cfg.target.label
+    if isinstance(label, bool) or not isinstance(label, (int, str)) or (isinstance(label, int) and label < 0):
+        raise ConfigError(
+            f"Config value target.label={label!r} must be a class index >= 0 or a class's name as the data's log lists "
+            "them (a csv's label, a folder's subfolder), e.g. target.label=0."
+        )
     feature_kinds = ("suppress_feature", "swap_features")
     single_kinds, dataset_kinds = ("class", "file", "pattern") + feature_kinds, ("pattern", "swap", "suppress") + feature_kinds
     allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds

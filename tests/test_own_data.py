@@ -559,6 +559,20 @@ def test_csv_labels_that_are_one_number_spelled_two_ways_are_one_class(tmp_path)
     assert sorted(np.bincount(y)) == [16, 16, 16]
 
 
+def test_target_label_may_name_the_class(config, tmp_path):
+    """A csv of yes/no labels: target.label=yes was a Hydra type error (exit 1) naming no class."""
+    from heatinv.build import target_class
+
+    (tmp_path / "t.csv").write_text("a,b,outcome\n" + "".join(f"{i},{i % 3},{'yes' if i % 2 else 'no'}\n" for i in range(24)))
+    csv = ("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome", "model=mlp", "target=class")
+    ds = data.load_csv(str(tmp_path / "t.csv"), "outcome")
+    assert target_class(config(*csv, "target.label=yes"), ds) == 1 == target_class(config(*csv, "target.label=1"), ds)
+    expect(ConfigError, config(*csv, "target.label=maybe"), "target.label='maybe' is not a class of the t data",
+           "0 'no', 1 'yes'", "Give one of these names")
+    for wrong in ("-1", "1.5", "null"):
+        expect(ConfigError, config(*csv, f"target.label={wrong}"), "must be a class index >= 0 or a class's name")
+
+
 def test_csv_with_a_column_named_twice_is_refused(config, tmp_path):
     (tmp_path / "t.csv").write_text("x,x,outcome\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(12)))
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",
