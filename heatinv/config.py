@@ -346,9 +346,13 @@ def validate(cfg) -> None:
     for key, example in (("task.min_agreement", 0.97), ("task.max_accuracy_drop", 0.01)):
         if not 0 <= _get(cfg, key) <= 1:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be a share between 0 and 1, e.g. `{key}={example}`.")
-    for key in ("trainer.checkpoint_every", "trainer.checkpoint_seconds", "trainer.max_nonfinite"):
+    for key, meaning in (
+        ("trainer.checkpoint_every", "steps between checkpoints, 0 for none by steps, e.g. `trainer.checkpoint_every=1000`"),
+        ("trainer.checkpoint_seconds", "seconds between checkpoints, 0 for none by time, e.g. `trainer.checkpoint_seconds=60`"),
+        ("trainer.max_nonfinite", "NaN/Inf steps in a row before the run stops, e.g. `trainer.max_nonfinite=10`"),
+    ):
         if _get(cfg, key) < 0:
-            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0.")
+            raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0 ({meaning}).")
     if cfg.task.kind == "dataset":
         _check_objective_weights(cfg.task)
     for key, usual in (("lrp.epsilon", "1e-6"), ("lrp.gamma", "0.25")):
@@ -404,9 +408,15 @@ def validate(cfg) -> None:
     if cfg.target.kind == "swap" and not isinstance(cfg.target.like, int):
         raise ConfigError(f"target=swap needs target.like=<a class index>, got {cfg.target.like!r}.")
     if cfg.target.index < 0:
-        raise ConfigError(f"Config value target.index={cfg.target.index!r} must be >= 0.")
+        raise ConfigError(
+            f"Config value target.index={cfg.target.index!r} must be >= 0: it counts the held-out examples of class "
+            "target.label from 0, e.g. `target.index=0`."
+        )
     if not 0.0 < cfg.data.test_split < 1.0:
-        raise ConfigError(f"Config value data.test_split={cfg.data.test_split!r} must be in (0, 1).")
+        raise ConfigError(
+            f"Config value data.test_split={cfg.data.test_split!r} must be in (0, 1): the share of an image folder held "
+            "out, e.g. `data.test_split=0.2`."
+        )
     if len(cfg.data.image_size) != 2 or min(cfg.data.image_size) < 1:
         raise ConfigError(f"Config value data.image_size={list(cfg.data.image_size)} must be [height, width], both >= 1.")
     if cfg.data.name in ("npz", "folder", "csv") and not cfg.data.path:

@@ -290,12 +290,17 @@ def test_missing_group_file_fails_at_compose(compose_train):
         ("optimizer.global_clipnorm=0", "optimizer.global_clipnorm"),
         ("lrp.epsilon=-1", "lrp.epsilon"),  # the rule's own error named no key
         ("lrp.gamma=nan", "lrp.gamma"),
+        ("trainer.checkpoint_every=-1", "trainer.checkpoint_every"),
+        ("trainer.checkpoint_seconds=-1", "trainer.checkpoint_seconds"),
+        ("trainer.max_nonfinite=-1", "trainer.max_nonfinite"),
+        ("data.test_split=1", "data.test_split"),
     ],
 )
-def test_out_of_range_value_fails_validate_naming_key(compose_train, override, key):
+def test_out_of_range_value_fails_validate_naming_key_and_a_value_that_fits(compose_train, override, key):
     cfg = compose_train(override)  # the type is right, so composing succeeds
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as caught:
         validate(cfg)
+    assert "e.g." in str(caught.value), str(caught.value)
 
 
 def test_a_value_that_must_be_positive_is_given_an_example(compose_train):
