@@ -407,6 +407,17 @@ def validate(cfg) -> None:
         raise ConfigError(f"target=swap_features needs target.like=<the feature name that receives the relevance>, got {cfg.target.like!r}.")
     if cfg.target.kind == "swap" and not isinstance(cfg.target.like, int):
         raise ConfigError(f"target=swap needs target.like=<a class index>, got {cfg.target.like!r}.")
+    if cfg.target.kind == "swap" and cfg.task.classes is not None and set(cfg.task.classes) == {cfg.target.like}:
+        raise ConfigError(
+            f"Config values target.like={cfg.target.like} and task.classes={_shown(cfg.task.classes)} make class "
+            f"{cfg.target.like}'s heatmaps look like its own mean: nothing would be manipulated. Move another class, "
+            f"e.g. task.classes=[{1 if cfg.target.like == 0 else 0}], or take the mean of another (target.like)."
+        )
+    if cfg.target.kind == "swap_features" and cfg.target.like == cfg.target.feature:
+        raise ConfigError(
+            f"Config values target.feature={cfg.target.feature!r} and target.like={cfg.target.like!r} name one feature: "
+            "its relevance would go to itself, and nothing would be manipulated. Name another feature in target.like."
+        )
     if cfg.target.index < 0:
         raise ConfigError(
             f"Config value target.index={cfg.target.index!r} must be >= 0: it counts the held-out examples of class "

@@ -328,6 +328,19 @@ def test_a_class_named_twice_is_refused(compose_train):
         validate(compose_train("task=dataset", "target=pattern", "task.classes=[1,3,1]"))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["experiment=swap_1_like_0_mlp", "target.like=1"], r"target\.like=1 and task\.classes=\[1\] .*nothing would be manipulated"),
+        (["task=dataset", "data=tabular", "target=swap_features", "target.feature=mean radius", "target.like=mean radius"],
+         r"target\.feature='mean radius' and target\.like='mean radius' name one feature"),
+    ],
+)
+def test_a_swap_onto_itself_is_refused(compose_train, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_train(*overrides))
+
+
 def test_an_empty_class_list_is_refused_naming_null(compose_train):
     """task.classes=[] trained the reference and failed in the figure ("dataset_figure needs at least one row")."""
     with pytest.raises(ConfigError, match=r"task\.classes=\[\] selects no class.*task\.classes=null"):
