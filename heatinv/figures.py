@@ -153,7 +153,7 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
             if factor != 1:
                 _mark_factor(axes[r, c], factor)
             rescaled |= factor != 1
-        fig.colorbar(shown, ax=list(axes[r, 1:]), shrink=0.9)
+        fig.colorbar(shown, ax=list(axes[r, 1:]), shrink=0.9, label="relevance")
     if title:
         fig.suptitle(title, fontsize=11)
     if rescaled:

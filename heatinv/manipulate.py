@@ -657,7 +657,7 @@ class DatasetTask:
         test = test or self.initial
         return dataset_figure(
             rows,
-            title=f"{problem.description}: held-out cosine {test['cosine']:.3f}, success rate {test['success_rate']:.2f}, "
+            title=f"{problem.description}: held-out cosine {test['cosine']:.3f}, success rate {test['success_rate']:.3f}, "
             f"accuracy {test['student_accuracy']:.3f}",
         )
 

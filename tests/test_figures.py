@@ -94,6 +94,7 @@ def test_dataset_figure_rows_columns_and_student_on_target_scale():
     fig = dataset_figure(rows, title="pattern")
     axes = _image_axes(fig)
     assert len(axes) == 12 and len(_colorbars(fig)) == 3
+    assert {bar.get_ylabel() for bar in _colorbars(fig)} == {"relevance"}  # as the single run's bar says
     assert [ax.get_title() for ax in axes[:4]] == ["input", "reference", "target", "student"]
     assert axes[4].get_ylabel() == "class 1\ncos 0.910"
     scale = 2 * np.abs(target).max()  # the reference's peak is the row's largest
