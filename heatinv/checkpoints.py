@@ -12,8 +12,11 @@ different model, data, target or objective is refused.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +33,8 @@ from heatinv.atomic import atomic_path
 from heatinv.config import MAY_CHANGE_ON_RESUME, flat_config
 from heatinv.wording import run_dir_override
 
+log = logging.getLogger(__name__)
+
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
 CHECKPOINTS = "checkpoints"
 RUN_WRITES = RESULT_FILES + ("heatmaps.svg", "doctor.json", "tensorboard", CHECKPOINTS)
@@ -38,6 +43,35 @@ RUN_WRITES = RESULT_FILES + ("heatmaps.svg", "doctor.json", "tensorboard", CHECK
 
 class RunDirectoryError(ValueError):
     """The run directory holds results that this run would overwrite."""
+
+
+@contextlib.contextmanager
+def held_run_directory(out: str):
+    """Hold ``out`` for this run while it works: a second run started into it meanwhile is refused.
+
+    An advisory lock (``flock``) on the folder itself: nothing is written into it, and the
+    system lets go of it when the process ends, however it ends (SIGKILL included), so no
+    stale lock can refuse a resume. Without it, two runs started into one ``hydra.run.dir``
+    both wrote their results, checkpoints and TensorBoard events there.
+
+    Raises:
+        RunDirectoryError: another process holds ``out``.
+    """
+    handle = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirectoryError(
+                f"Run directory {out} is in use by another heatinv run that has not ended. Its files were left as they "
+                "are. Wait for that run to end (then resume or extend it there), or start this one in another folder: "
+                "hydra.run.dir=<new folder>."
+            ) from None
+        except OSError as error:  # a file system without locks (some network file systems)
+            log.warning(f"heatinv: cannot lock {out} ({error.strerror}): a second run started into it would not be stopped")
+        yield
+    finally:
+        os.close(handle)
 
 
 class RunInterrupted(Exception):

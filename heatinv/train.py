@@ -41,6 +41,7 @@ from heatinv.checkpoints import (  # noqa: E402
     keep_hydra_record,
     checkpoint_numbers,
     guard_run_directory,
+    held_run_directory,
     restore_hydra_record,
     save_run_config,
 )
@@ -76,6 +77,11 @@ def run(cfg) -> dict:
     validate(cfg)
     out = cfg.paths.output_dir
     os.makedirs(out, exist_ok=True)
+    with held_run_directory(out):
+        return _run_in(out, cfg)
+
+
+def _run_in(out: str, cfg) -> dict:
     if cfg.trainer.resume and _in_sweep() and not _started(out):
         # Resuming a sweep finishes it: its jobs that never started start now, over anything
         # a start cut short before its first checkpoint wrote (TensorBoard's step-0 events).

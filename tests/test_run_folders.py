@@ -137,3 +137,25 @@ def test_a_run_never_writes_its_results_over_a_file_it_reads(config, tmp_path, o
     cfg = config("model=file", f"model.path={mine}", f"trainer.overwrite={str(overwrite).lower()}")
     expect(RunDirectoryError, cfg, f"model.path={mine}", "writes its own student.keras", "hydra.run.dir=")
     assert mine.read_bytes() == before and sorted(os.listdir(run_dir)) == ["student.keras"]
+
+
+def test_a_run_into_a_folder_another_run_is_using_is_refused_until_that_run_ends(config, tmp_path):
+    """Two runs started into one hydra.run.dir both wrote their results and TensorBoard events there."""
+    import fcntl
+
+    from conftest import expect
+    from heatinv.checkpoints import RunDirectoryError
+    from heatinv.train import run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    other = os.open(out, os.O_RDONLY)  # another run's hold on the folder
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        expect(RunDirectoryError, config(), f"Run directory {out} is in use by another heatinv run", "hydra.run.dir=",
+               out=out)
+        assert sorted(os.listdir(out)) == ["notes.txt"]
+    finally:
+        os.close(other)  # that run ends, however it ends: nothing of its hold is left behind
+    assert run(config())["steps"] > 0
