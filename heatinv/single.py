@@ -146,14 +146,18 @@ class SingleTask:
             "xla_why": self.compiled.why,
         }
         summaries.match(steps, {"loss": final_loss, **scores})
+        title = f"target: {self.target.source}"
+        if metrics["stopped_at_step"] is not None:  # the figure alone must not pass for a run that went its course
+            codes = ", ".join(dict.fromkeys(finding.code for finding in findings)) or "no finding"
+            title += f"\nstopped at step {metrics['stopped_at_step']} of {self.cfg.trainer.steps}: {codes} (doctor.json)"
         if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature
             maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
-            self.figure = feature_figure(self.parts.dataset.feature_names, maps, f"target: {self.target.source}")
+            self.figure = feature_figure(self.parts.dataset.feature_names, maps, title)
         else:
             summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
             self.figure = heatmap_figure(
                 self.target.image[0], self.target.heatmap[0], self.initial[0], self.final_map[0],
-                {**scores, "loss": final_loss}, title=f"target: {self.target.source}",
+                {**scores, "loss": final_loss}, title=title,
             )
         summaries.figure(steps, self.figure)
         return metrics

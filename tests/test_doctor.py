@@ -267,8 +267,13 @@ def test_every_code_is_documented_and_reports_read_well():
 SMALL_RUN = ("model.hidden=[32,16]", "trainer.steps=5", "trainer.log_every=5")
 
 
-def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed, caplog):
+def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed, caplog, monkeypatch):
+    import heatinv.single as single
     from heatinv.train import GradientsVanished, run
+
+    titles = []
+    real_figure = single.heatmap_figure
+    monkeypatch.setattr(single, "heatmap_figure", lambda *a, **kw: titles.append(kw["title"]) or real_figure(*a, **kw))
 
     # a random student whose target-class output is dead behind its final ReLU (seed 0, digit 7)
     cfg, out = composed(*SMALL_RUN, "model.output_activation=relu", "lrp.output=activation", "target=pattern", "trainer.seed=0")
@@ -281,6 +286,8 @@ def test_train_stops_with_the_diagnosis_when_every_gradient_is_zero(composed, ca
     assert metrics["stopped_at_step"] == 0 and metrics["steps"] == 0
     assert metrics["diagnosis"][0]["code"] == "dead-output"
     assert json.loads((out / "doctor.json").read_text())[0]["code"] == "dead-output"
+    # heatmaps.png says so too: its blank "final" panel is no result of training
+    assert titles and titles[-1].endswith("\nstopped at step 0 of 5: dead-output (doctor.json)")
 
 
 def test_train_stops_when_a_step_has_only_zero_gradients(composed, monkeypatch):
