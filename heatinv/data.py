@@ -582,7 +582,7 @@ def _split_files(folder: str, classes: list[str], test_split: float, seed: int):
     if dangling:
         raise ValueError(
             f"heatinv/data.py load_folder: the image folder '{folder}' (data.path) holds {len(dangling)} link(s) to "
-            f"files that do not exist, the first '{dangling[0]}' -> '{os.readlink(dangling[0])}'. Remove the broken "
+            f"files that do not exist, the first '{dangling[0]}' -> '{_link_target(dangling[0])}'. Remove the broken "
             "links, or restore the files they point to."
         )
     held_out = int(test_split * len(paths))
@@ -596,6 +596,13 @@ def _split_files(folder: str, classes: list[str], test_split: float, seed: int):
     paths, labels = np.array(paths, dtype=object)[order], np.array(labels, np.int64)[order]
     split = len(paths) - held_out
     return (tuple(paths[:split]), labels[:split]), (tuple(paths[split:]), labels[split:])
+
+
+def _link_target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # no link: the file went away while the folder was listed
+        return "(removed)"
 
 
 def decoder(image_size: tuple[int, int], channels: int = 3):
