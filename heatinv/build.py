@@ -217,22 +217,39 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
         )
 
 
-def target_class(cfg, dataset: Dataset) -> int:
-    """``target.label`` as a class index: given as one, or as a class's name (a csv's label, a folder's subfolder).
+def class_index(value, key: str, dataset: Dataset) -> int:
+    """A class that ``key`` names (``target.label``, ``target.like``, ``task.classes``) as its index.
+
+    Given as an index, or by its name in the data (a csv's label, a folder's subfolder).
 
     Example:
-    >>> target_class(OmegaConf.create({"target": {"label": "yes"}}), load_csv("t.csv", "outcome"))  # doctest: +SKIP
+    >>> class_index("yes", "target.label", load_csv("t.csv", "outcome"))  # doctest: +SKIP
     1
     """
-    label = cfg.target.label
-    if not isinstance(label, str):
-        return int(label)
-    if label in dataset.class_names:
-        return list(dataset.class_names).index(label)
+    if not isinstance(value, str):
+        return int(value)
+    if value in dataset.class_names:
+        return list(dataset.class_names).index(value)
     raise ConfigError(
-        f"Config value target.label={label!r} is not a class of the {dataset.name} data, whose classes are "
-        f"{_class_list(dataset.class_names)}. Give one of these names, or its index (e.g. target.label=0)."
+        f"Config value {key}={value!r} is not a class of the {dataset.name} data, whose classes are "
+        f"{_class_list(dataset.class_names)}. Give one of these names, or its index (e.g. {key}="
+        f"{'[0]' if key == 'task.classes' else 0})."
     )
+
+
+def target_class(cfg, dataset: Dataset) -> int:
+    """``target.label`` as a class index (:func:`class_index`)."""
+    return class_index(cfg.target.label, "target.label", dataset)
+
+
+def moved_classes(cfg, dataset: Dataset) -> list[int] | None:
+    """``task.classes`` as class indices, or None for all classes."""
+    return None if cfg.task.classes is None else [class_index(c, "task.classes", dataset) for c in cfg.task.classes]
+
+
+def like_class(cfg, dataset: Dataset) -> int:
+    """``swap``'s ``target.like`` as a class index."""
+    return class_index(cfg.target.like, "target.like", dataset)
 
 
 def _read_target_files(cfg, dataset: Dataset) -> None:
@@ -251,11 +268,11 @@ def _read_target_files(cfg, dataset: Dataset) -> None:
 
 
 def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
-    """``task.classes`` and ``swap``'s ``target.like`` name classes this data has."""
-    classes = list(cfg.task.classes or [])
-    asked = [("task.classes", classes, c) for c in classes]
+    """``task.classes`` and ``swap``'s ``target.like`` name classes this data has, and a swap moves something."""
+    classes = moved_classes(cfg, dataset) or []
+    asked = [("task.classes", _shown_list(cfg.task.classes), c) for c in classes]
     if cfg.target.kind == "swap":
-        asked.append(("target.like", cfg.target.like, cfg.target.like))
+        asked.append(("target.like", cfg.target.like, like_class(cfg, dataset)))
     for key, value, label in asked:
         if not 0 <= label < dataset.num_classes:
             raise ConfigError(
@@ -271,9 +288,20 @@ def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
             )
         if key == "target.like" and not np.any(np.asarray(dataset.y_train) == label):
             raise ConfigError(
-                f"Config value target.like={label}: the {dataset.name} data has no training example of that class to "
+                f"Config value target.like={value!r}: the {dataset.name} data has no training example of that class to "
                 f"take the mean heatmap from. Pick a class with training examples: {names}."
             )
+    if cfg.target.kind == "swap" and classes and set(classes) == {like_class(cfg, dataset)}:
+        other = next(i for i in range(dataset.num_classes) if i not in classes)
+        raise ConfigError(
+            f"Config values target.like={cfg.target.like!r} and task.classes={_shown_list(cfg.task.classes)} make class "
+            f"{_class_name(classes[0], dataset.class_names)}'s heatmaps look like its own mean: nothing would be "
+            f"manipulated. Move another class, e.g. task.classes=[{other}], or take the mean of another (target.like)."
+        )
+
+
+def _shown_list(values) -> str:
+    return "[" + ", ".join(map(str, values)) + "]"
 
 
 def architecture(cfg) -> Architecture:
@@ -466,10 +494,11 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     """The dataset task's targets from the reference's heatmaps: all at once, or batch by batch for an image folder."""
     t = cfg.task
     target = cfg.target
-    classes = None if t.classes is None else list(t.classes)
+    classes = moved_classes(cfg, dataset)
+    like = like_class(cfg, dataset) if target.kind == "swap" else target.like
     explainer = explainer_for(reference, cfg)
     options = dict(
-        pattern=target.pattern, pattern_path=target.path, like=target.like, top_k=target.top_k, **feature_options(cfg, dataset)
+        pattern=target.pattern, pattern_path=target.path, like=like, top_k=target.top_k, **feature_options(cfg, dataset)
     )
     names = dataset.class_names
     chosen = "all classes" if classes is None else "classes [" + ", ".join(_class_name(c, names) for c in classes) + "]"
@@ -481,7 +510,7 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
             split: cached_explanations(explain, explainer, dataset, split, cfg.paths.cache_dir, lrp_settings) for split in ("train", "test")
         }
         if target.kind == "swap":
-            options["like_mean"] = class_mean(explanations["train"][0], dataset.y_train, target.like)
+            options["like_mean"] = class_mean(explanations["train"][0], dataset.y_train, like)
         return StreamedProblem(explainer, target.kind, classes, options, description, explanations)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, test_logits = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
@@ -528,15 +557,22 @@ def moved_examples(problem: DatasetProblem | StreamedProblem, dataset: Dataset, 
 
 def _class_name(index: int, names) -> str:
     """``1``, or ``1 (disk)`` where the class has a name of its own."""
+    if not isinstance(index, (int, np.integer)):  # a name the data lacks, said as given
+        return str(index)
     name = str(names[index]) if names is not None and 0 <= index < len(names) else str(index)
     return str(index) if name == str(index) else f"{index} ({name})"
+
+
+def _named_index(value, names) -> int | str:
+    """A class given by its name as its index where ``names`` has it; else as given."""
+    return list(names).index(value) if isinstance(value, str) and names is not None and value in names else value
 
 
 def target_detail(target, class_names=None) -> str:
     """The dataset task's target in words, e.g. ``pattern frame``, ``swap like class 0 (cat)``, ``suppress_feature 'worst area'``."""
     detail = {
         "pattern": f"{target.pattern}" if target.pattern != "file" else f"file {target.path}",
-        "swap": f"like class {_class_name(target.like, class_names) if isinstance(target.like, int) else target.like}",
+        "swap": f"like class {_class_name(_named_index(target.like, class_names), class_names)}",
         "suppress": f"top {target.top_k}",
         "suppress_feature": f"{target.feature!r}",
         "swap_features": f"{target.feature!r} like {target.like!r}",

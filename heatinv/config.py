@@ -72,7 +72,7 @@ class TargetConfig:
 @dataclass
 class TaskConfig:
     kind: str = "single"  # single: one heatmap of one image | dataset: many images' heatmaps
-    classes: Optional[list[int]] = None  # dataset: the classes whose heatmaps move (None: all)
+    classes: Optional[list[Any]] = None  # dataset: the classes whose heatmaps move, by index or name (None: all)
     epochs: int = 20
     batch_size: int = 64
     heatmap_weight: float = 1.0
@@ -392,10 +392,10 @@ def validate(cfg) -> None:
             "move (e.g. task.classes=[1]), or leave it null for all of them (task.classes=null)."
         )
     if cfg.task.classes is not None and len(set(cfg.task.classes)) != len(cfg.task.classes):
-        twice = sorted({c for c in cfg.task.classes if list(cfg.task.classes).count(c) > 1})
+        twice = sorted({c for c in cfg.task.classes if list(cfg.task.classes).count(c) > 1}, key=str)
         raise ConfigError(
             f"Config value task.classes={_shown(cfg.task.classes)} names class {', '.join(map(str, twice))} more than once. "
-            f"Name each class once, e.g. task.classes={_shown(sorted(set(cfg.task.classes)))}."
+            f"Name each class once, e.g. task.classes={_shown(sorted(set(cfg.task.classes), key=str))}."
         )
     if cfg.task.kind == "dataset" and not 0 <= cfg.task.success_threshold <= 1:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
@@ -405,14 +405,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"target={cfg.target.kind} needs target.feature=<a feature name of the table>.")
     if cfg.target.kind == "swap_features" and not isinstance(cfg.target.like, str):
         raise ConfigError(f"target=swap_features needs target.like=<the feature name that receives the relevance>, got {cfg.target.like!r}.")
-    if cfg.target.kind == "swap" and not isinstance(cfg.target.like, int):
-        raise ConfigError(f"target=swap needs target.like=<a class index>, got {cfg.target.like!r}.")
-    if cfg.target.kind == "swap" and cfg.task.classes is not None and set(cfg.task.classes) == {cfg.target.like}:
-        raise ConfigError(
-            f"Config values target.like={cfg.target.like} and task.classes={_shown(cfg.task.classes)} make class "
-            f"{cfg.target.like}'s heatmaps look like its own mean: nothing would be manipulated. Move another class, "
-            f"e.g. task.classes=[{1 if cfg.target.like == 0 else 0}], or take the mean of another (target.like)."
-        )
+    if cfg.target.kind == "swap" and (isinstance(cfg.target.like, bool) or not isinstance(cfg.target.like, (int, str))):
+        raise ConfigError(f"target=swap needs target.like=<a class index or name>, got {cfg.target.like!r}.")
     if cfg.target.kind == "swap_features" and cfg.target.like == cfg.target.feature:
         raise ConfigError(
             f"Config values target.feature={cfg.target.feature!r} and target.like={cfg.target.like!r} name one feature: "

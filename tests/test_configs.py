@@ -331,7 +331,6 @@ def test_a_class_named_twice_is_refused(compose_train):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["experiment=swap_1_like_0_mlp", "target.like=1"], r"target\.like=1 and task\.classes=\[1\] .*nothing would be manipulated"),
         (["task=dataset", "data=tabular", "target=swap_features", "target.feature=mean radius", "target.like=mean radius"],
          r"target\.feature='mean radius' and target\.like='mean radius' name one feature"),
     ],

@@ -573,6 +573,22 @@ def test_target_label_may_name_the_class(config, tmp_path):
         expect(ConfigError, config(*csv, f"target.label={wrong}"), "must be a class index >= 0 or a class's name")
 
 
+def test_the_dataset_task_names_its_classes_by_name_too(config, tmp_path):
+    """task.classes and target.like take a class's name as target.label does, and a swap onto itself is refused."""
+    from heatinv.build import dataset_problem, moved_classes, like_class
+
+    write_folder(str(tmp_path / "imgs"), 30)  # classes cross, disk, square
+    folder = ("data=folder", f"data.path={tmp_path}/imgs", "data.image_size=[32,32]", "task=dataset", "target=swap")
+    ds = data.load_folder(str(tmp_path / "imgs"), (32, 32), 0.2)
+    cfg = config(*folder, "task.classes=[square,0]", "target.like=disk")
+    assert moved_classes(cfg, ds) == [2, 0] and like_class(cfg, ds) == 1
+    expect(ConfigError, config(*folder, "task.classes=[circle]"), "task.classes='circle' is not a class of the imgs data",
+           "0 'cross', 1 'disk', 2 'square'", "e.g. task.classes=[0]")
+    for like in ("disk", "1"):
+        expect(ConfigError, config(*folder, "task.classes=[disk]", f"target.like={like}"),
+               "make class 1 (disk)'s heatmaps look like its own mean", "e.g. task.classes=[0]")
+
+
 def test_csv_with_a_column_named_twice_is_refused(config, tmp_path):
     (tmp_path / "t.csv").write_text("x,x,outcome\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(12)))
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv",
