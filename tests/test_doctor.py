@@ -588,3 +588,48 @@ def test_a_score_made_of_biases_is_named_where_the_gradients_are_tiny_not_zero(i
     probe = objective.probe(model, image, 3, tf.float32)
     probe.heatmap = tf.concat([tf.ones([1, 14, 28, 1]), -tf.ones([1, 14, 28, 1])], axis=1)
     assert checks.absorbed_relevance(probe) == []
+
+
+def test_a_softmax_confident_of_another_class_is_no_saturation_of_the_label(image):
+    """The labelled class's probability decides: a label the softmax gives almost 0 has a large gradient."""
+    model = _saturated_softmax_model()
+    p = model(image).numpy()[0]
+    winner, loser = int(np.argmax(p)), int(np.argsort(p)[-2])
+    objective = SaliencyObjective()
+    assert max_abs(objective.probe(model, image, loser, tf.float32).gradients) > 1e-3
+    assert "softmax-saturated" not in codes(diagnose(model, image, loser, objective))
+    # one input of two saturated: said as such, without the batch's gradient as if it were that input's
+    (finding,) = [f for f in diagnose(model, np.concatenate([image, image]), [winner, loser], objective)
+                  if f.code == "softmax-saturated"]
+    assert "for 1 of 2 inputs" in finding.message and "its gradient is" not in finding.message
+
+
+def test_a_smooth_network_given_its_own_explanation_has_a_zero_residual_not_relus(image):
+    keras.utils.set_random_seed(0)
+    tanh = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(10)])
+    x = tf.constant(image)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        score = tf.reduce_sum(tanh(x)[:, 7])
+    own = tape.gradient(score, x).numpy()
+    findings = diagnose(tanh, image, 7, ExplanationObjective(own))
+    assert codes(findings) == ["zero-residual"] and "gradient explanation already equals the target" in findings[0].message
+    assert diagnose(tanh, image, 7, ExplanationObjective(2 * own)) == []  # another target: its gradient flows
+
+
+def test_an_infinite_weight_is_named_as_the_weight_not_an_overflow(mlp, image):
+    kernel = mlp.layers[-1].kernel.numpy()
+    kernel[0, 0] = np.inf
+    mlp.layers[-1].kernel.assign(kernel)
+    (finding,) = diagnose(mlp, image, 7, SaliencyObjective("logit"))
+    assert finding.code == "non-finite" and f"1 of the {kernel.size} values of the weight {mlp.layers[-1].kernel.path}" in finding.message
+    assert "finite weights" in finding.fix and "Rescale the input" not in finding.fix
+
+
+def test_a_residual_of_a_millionth_under_l1_has_full_gradients_and_no_zero_residual(mlp, image):
+    lrp = LRP(mlp)
+    own = lrp(image, 7).numpy()
+    objective = HeatmapObjective(own + 5e-7 * np.abs(own).max(), lrp, loss="l1")
+    assert max_abs(objective.probe(mlp, image, 7, tf.float32).gradients) > 1e-3
+    assert "zero-residual" not in codes(diagnose(mlp, image, 7, objective))

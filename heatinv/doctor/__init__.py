@@ -79,7 +79,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
         + checks.dead_output(objective, steps, probe, label)
         + checks.dead_units(steps, probe)
         + checks.lrp_zero_division(objective, steps, probe)
-        + checks.softmax_saturated(objective, steps, probe)
+        + checks.softmax_saturated(objective, steps, probe, label)
         + checks.piecewise_linear(objective, steps, probe)
         + checks.absorbed_relevance(probe)
     )

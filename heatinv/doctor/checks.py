@@ -13,7 +13,6 @@ import tensorflow as tf
 
 from heatinv.doctor.findings import Finding
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, Probe, SaliencyObjective, ends_in_softmax
-from heatinv.layers import SoftplusBeta
 from heatinv.lrp.canonical import Elementwise, Linear
 
 DEAD_UNITS_FRACTION = 0.9
@@ -109,14 +108,26 @@ def _forward_places(steps, probe: Probe):
         yield f"the output of layer {step.layer.name}", step.layer.name, output
 
 
+def _weight_places(steps):
+    """(where, layer, values) for every weight of the model's layers (a folded BatchNorm's too), once each."""
+    seen = set()
+    for step in steps:
+        for layer in (getattr(step, "layer", None), getattr(step, "batch_norm", None)):
+            for weight in getattr(layer, "weights", []) if isinstance(layer, keras.layers.Layer) else []:
+                if id(weight) not in seen:
+                    seen.add(id(weight))
+                    yield f"the weight {weight.path}", layer.name, weight.numpy()
+
+
 def non_finite(objective, steps, probe: Probe) -> list[Finding]:
     """NaN or Inf anywhere from the input to the gradients, reported once, where it first appears.
 
-    The places are visited in the order the computation runs: the input, each layer's
-    output, the heatmap, the target, the residual heatmap - target, the loss, the gradients.
+    The places are visited in the order the computation runs: the input, the weights, each
+    layer's output, the heatmap, the target, the residual heatmap - target, the loss, the gradients.
     """
     target = getattr(objective, "target", None)
-    places = list(_forward_places(steps, probe))
+    forward = list(_forward_places(steps, probe))
+    places = forward[:1] + list(_weight_places(steps)) + forward[1:]
     if probe.heatmap is not None:
         heatmap = probe.heatmap.numpy().astype(np.float64)
         places.append(("the heatmap", None, heatmap))
@@ -146,6 +157,13 @@ def _non_finite_finding(where: str, layer, values, bad: int, objective, probe: P
         return Finding(
             "non-finite", layer, f"{head}: every value computed from it can be NaN or Inf.",
             "Replace the non-finite values before the run (np.nan_to_num), or fix the file they came from.",
+        )
+    if where.startswith("the weight "):
+        return Finding(
+            "non-finite", layer, f"{head}: every value computed from it can be NaN or Inf.",
+            "Give the layer finite weights: load them from before they went bad (an earlier checkpoint, or "
+            "init=reference), or initialize it again. heatinv's trainer skips every update whose gradients are "
+            "NaN or Inf, so its students keep finite weights.",
         )
     if where.startswith("the output of layer"):
         return Finding(
@@ -207,14 +225,29 @@ def lrp_zero_division(objective, steps, probe: Probe) -> list[Finding]:
 
 
 def zero_residual(objective, probe: Probe) -> list[Finding]:
-    if not isinstance(objective, HeatmapObjective) or probe.heatmap is None:
+    """The explanation already equals the target, and so every gradient is exactly 0.
+
+    Only where the gradients are 0: a residual of a millionth of the target's peak still gives
+    L1 full-size gradients, which are no vanishing gradient.
+    """
+    if not isinstance(objective, (HeatmapObjective, ExplanationObjective)) or probe.heatmap is None:
         return []
     target = np.asarray(objective.target, np.float64)
     residual = float(np.max(np.abs(probe.heatmap.numpy().astype(np.float64) - target)))
     scale = float(np.max(np.abs(target))) or 1.0
     # A NaN residual is unknown, not zero, and an Inf target's peak makes every residual "small".
-    if not (np.isfinite(scale) and residual <= 1e-6 * scale):
+    if not (np.isfinite(scale) and residual <= 1e-6 * scale and all_zero(probe)):
         return []
+    if isinstance(objective, ExplanationObjective):
+        return [
+            Finding(
+                "zero-residual",
+                None,
+                f"The gradient explanation already equals the target: max |saliency - target| = {_fmt(residual)} "
+                f"({_fmt(residual / scale)} of the target's peak), and the squared error's gradient is exactly 0 there.",
+                "There is nothing to learn from this target: give a target the input does not already produce.",
+            )
+        ]
     return [
         Finding(
             "zero-residual",
@@ -223,9 +256,10 @@ def zero_residual(objective, probe: Probe) -> list[Finding]:
             f"({_fmt(residual / scale)} of the target's peak). L1, MSE and Huber all have an exactly zero "
             "gradient at a zero residual (L1's sign(0) = 0), and near it L1 gives full-size sign noise "
             "while MSE's gradient shrinks with the residual.",
-            "There is nothing to learn from this target: start from other weights (init=random) or pick a "
-            "target the model does not already produce (another target=class target.label=N, or target=pattern); near "
-            "convergence prefer loss=mse or loss=huber over loss=l1.",
+            "There is nothing to learn from this target: pick one the model does not already produce "
+            "(target=pattern or target=file; target=class is the reference's own heatmap, which a student "
+            "started from the reference, init=reference, already gives), or start from other weights "
+            "(init=random); near convergence prefer loss=mse or loss=huber over loss=l1.",
         )
     ]
 
@@ -235,7 +269,7 @@ def dead_output(objective, steps, probe: Probe, label) -> list[Finding]:
     if not _followed_by_relu(steps, top):
         return []
     logits = probe.fwd.logits.numpy()
-    labels = np.broadcast_to(np.asarray(label), (logits.shape[0],)) if np.ndim(label) < 2 else np.argmax(label, -1)
+    labels = _label_indices(label, logits)
     if isinstance(objective, HeatmapObjective):
         if objective.explainer.output != "activation":
             return []
@@ -269,6 +303,16 @@ def dead_output(objective, steps, probe: Probe, label) -> list[Finding]:
             "(from_logits=True).",
         )
     ]
+
+
+def _label_indices(label, outputs: np.ndarray) -> np.ndarray:
+    """``[batch]`` class indices from an int, ``[batch]`` or ``[batch, 1]`` ints, or one-hot ``[batch, classes]``."""
+    label = np.asarray(label)
+    if label.ndim == 2 and label.shape[-1] == 1 and outputs.shape[-1] > 1:
+        label = label.reshape(-1)
+    if label.ndim == 2:
+        return np.argmax(label, axis=-1)
+    return np.broadcast_to(label, (outputs.shape[0],)).astype(np.int64)
 
 
 def dead_units(steps, probe: Probe) -> list[Finding]:
@@ -314,27 +358,29 @@ def dead_units(steps, probe: Probe) -> list[Finding]:
     return findings
 
 
-def softmax_saturated(objective, steps, probe: Probe) -> list[Finding]:
+def softmax_saturated(objective, steps, probe: Probe, label) -> list[Finding]:
     if not isinstance(objective, SaliencyObjective) or objective.loss != "crossentropy":
         return []
     if not ends_in_softmax(steps):
         return _softmax_of_logits_saturated(probe)
     p = probe.fwd.outputs.numpy()
-    top = p.max(axis=-1)
-    saturated = (1.0 - top) <= KERAS_PROBABILITY_CLIP
+    labelled = p[np.arange(len(p)), _label_indices(label, p)]
+    saturated = (1.0 - labelled) <= KERAS_PROBABILITY_CLIP  # the labelled class, not any: a confident wrong class has a large gradient
     if not saturated.any():
         return []
     others = np.sort(p, axis=-1)[:, -2]
     gradient = max(float(tf.reduce_max(tf.abs(g))) for g in probe.gradients.values() if g is not None)
     size = "exactly 0" if gradient == 0 else f"at most {_fmt(gradient)}"
+    # The batch's gradient speaks for the saturated inputs only when they are the whole batch.
+    said = f" and its gradient is {size}" if saturated.all() else ""
     return [
         Finding(
             "softmax-saturated",
             steps[-1].name,
-            f"The softmax output is within {KERAS_PROBABILITY_CLIP:g} of 1 for {int(saturated.sum())} of "
-            f"{len(top)} inputs in {probe.dtype.name} (largest probability {top.max():.8f}, the next "
-            f"{_fmt(float(others[saturated].min()))}): the loss is {_fmt(probe.loss)} and its gradient is "
-            f"{size}. Through a softmax this confident the cross-entropy's gradient is the size of the other "
+            f"The softmax output of the labelled class is within {KERAS_PROBABILITY_CLIP:g} of 1 for "
+            f"{int(saturated.sum())} of {len(labelled)} inputs in {probe.dtype.name} (its probability "
+            f"{labelled[saturated].max():.8f}, the next {_fmt(float(others[saturated].min()))}): the loss is "
+            f"{_fmt(probe.loss)}{said}. Through a softmax this confident the cross-entropy's gradient is the size of the other "
             f"probabilities, and cross-entropy on probabilities clips them to [{KERAS_PROBABILITY_CLIP:g}, "
             f"1 - {KERAS_PROBABILITY_CLIP:g}], which cuts it to exactly 0 (Keras 2 and graph-mode code).",
             "Differentiate the logit (the class's pre-softmax score) instead of a loss of its probability; "
@@ -443,14 +489,36 @@ def float16_underflow(probe32: Probe) -> list[Finding]:
     return findings
 
 
+_PIECEWISE_LINEAR_ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu")
+
+
+def _piecewise_linear(steps) -> bool:
+    """Whether every activation before the logits is linear or a ReLU (ReLU6, leaky ReLU): then the logits are
+    piecewise linear in the input (a softmax after them is not differentiated by a gradient explanation)."""
+    top = max(i for i, s in enumerate(steps) if isinstance(s, Linear))
+    for step in steps[:top]:
+        if isinstance(step, Linear):
+            activation = step.activation
+        elif isinstance(step, Elementwise) and isinstance(step.layer, keras.layers.ReLU):
+            continue
+        elif isinstance(step, Elementwise) and isinstance(step.layer, keras.layers.Activation):
+            activation = step.layer.activation
+        elif isinstance(step, Elementwise):
+            activation = step.layer  # an op (keras.ops.relu) or another layer (SoftplusBeta: smooth)
+        else:
+            continue
+        if activation is not None and not _relu_like(activation) and getattr(activation, "__name__", "") not in _PIECEWISE_LINEAR_ACTIVATIONS:
+            return False
+    return True
+
+
 def piecewise_linear(objective, steps, probe: Probe) -> list[Finding]:
     if not isinstance(objective, ExplanationObjective):
         return []
     gradient = probe.gradients.get("input")
     if gradient is None or not np.all(gradient.numpy() == 0):  # NaN is not zero
         return []
-    smooth = any(isinstance(s, Elementwise) and isinstance(s.layer, SoftplusBeta) for s in steps)
-    if smooth:
+    if not _piecewise_linear(steps):  # a tanh or softplus network's zero gradient has another cause
         return []
     return [
         Finding(
