@@ -156,19 +156,17 @@ def test_unconnected_variable_reported_by_name(mlp, image):
     assert codes(findings) == ["unconnected"] and findings[0].layer == "extra/kernel"
 
 
-def test_lrp_zero_division_found_and_fixed_by_epsilon(rng):
-    model = build_model(Architecture(hidden=(32, 16)), seed=0)
-    for layer in model.layers:
-        if getattr(layer, "use_bias", False):
-            layer.bias.assign(tf.zeros_like(layer.bias))
-    blank = np.zeros((1, 28, 28, 1), "float32")
-    target = rng.normal(0, 0.01, blank.shape).astype("float32")
+def test_lrp_zero_division_found_and_fixed_by_epsilon(image, rng):
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)  # Keras's biases start at 0
+    first = model.layers[1]
+    first.kernel.assign(first.kernel * np.repeat([[0.0], [1.0]], 16, axis=0).T)  # 16 units without weights: z = 0
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
     zero_rule = HeatmapObjective(target, LRP(model, composite="zero"))
-    findings = diagnose(model, blank, 7, zero_rule)
-    assert "nan-division" in codes(findings)
-    assert np.isfinite(zero_rule.probe(model, blank, 7, tf.float32).heatmap.numpy()).all()
+    (finding,) = [f for f in diagnose(model, image, 7, zero_rule) if f.code == "nan-division"]
+    assert finding.message.startswith(f"z = a W + b is exactly 0 for 16 of 32 outputs of {first.name}")
+    assert np.isfinite(zero_rule.probe(model, image, 7, tf.float32).heatmap.numpy()).all()
     epsilon_rule = HeatmapObjective(target, LRP(model, composite="epsilon"))
-    assert "nan-division" not in codes(diagnose(model, blank, 7, epsilon_rule))
+    assert "nan-division" not in codes(diagnose(model, image, 7, epsilon_rule))
 
 
 def test_non_finite_gradients_are_reported(mlp, image):
@@ -476,7 +474,8 @@ def test_dead_units_far_below_zero_are_not_sent_to_softplus(mlp, image, rng):
     first = mlp.layers[1]
     target = rng.normal(0, 0.01, image.shape).astype("float32")
     products = first.kernel.numpy().T @ image.reshape(-1)
-    for bias, smooth in ((-100.0, False), (-0.5 - products.max(), True)):  # largest z: about -100, then -0.5
+    # largest z: about -100; -1.87, where softplus with beta 10 has a slope of 7.7e-9; then -0.2
+    for bias, smooth in ((-100.0, False), (-1.87 - products.max(), False), (-0.2 - products.max(), True)):
         first.bias.assign(tf.fill(first.bias.shape, bias))
         z = products + bias
         finding = next(f for f in diagnose(mlp, image, 7, HeatmapObjective(target, LRP(mlp))) if f.code == "dead-units")
@@ -633,3 +632,64 @@ def test_a_residual_of_a_millionth_under_l1_has_full_gradients_and_no_zero_resid
     objective = HeatmapObjective(own + 5e-7 * np.abs(own).max(), lrp, loss="l1")
     assert max_abs(objective.probe(mlp, image, 7, tf.float32).gradients) > 1e-3
     assert "zero-residual" not in codes(diagnose(mlp, image, 7, objective))
+
+
+def test_a_blank_input_is_the_one_cause_named(mlp, image, rng):
+    """A blank image under a rule that multiplies by the input: the doctor said all-zero, or nan-division and dead units."""
+    blank = np.zeros_like(image)
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    for layer in mlp.layers[1:]:
+        layer.bias.assign(rng.normal(0, 1, layer.bias.shape))
+    for composite in ("epsilon", "zero"):
+        findings = diagnose(mlp, blank, 7, HeatmapObjective(target, LRP(mlp, composite)))
+        assert codes(findings) == ["blank-input"] and "epsilon_gamma_box" in findings[0].fix
+    fixed = HeatmapObjective(target, LRP(mlp, "epsilon_gamma_box"))  # zbox spreads relevance by the weights
+    assert max_abs(fixed.probe(mlp, blank, 7, tf.float32).gradients) > 0
+    assert "blank-input" not in codes(diagnose(mlp, blank, 7, fixed))
+    # biases of 0 (Keras's start): the score itself is 0, and no first rule would help
+    for layer in mlp.layers[1:]:
+        layer.bias.assign(tf.zeros_like(layer.bias))
+    (finding,) = diagnose(mlp, blank, 7, fixed)
+    assert finding.code == "blank-input" and "and so is the explained score" in finding.message
+    assert "epsilon_gamma_box" not in finding.fix
+
+
+@pytest.mark.parametrize("kind", ["relu6 activation", "Activation('relu6')", "max pooling, then ReLU"])
+def test_dead_units_behind_relu6_or_a_max_pooling_are_found(image, rng, kind):
+    keras.utils.set_random_seed(0)
+    dead = keras.initializers.Constant(-20.0)
+    if kind == "relu6 activation":
+        hidden = [keras.layers.Flatten(), keras.layers.Dense(16, activation="relu6", bias_initializer=dead)]
+    elif kind == "Activation('relu6')":
+        hidden = [keras.layers.Flatten(), keras.layers.Dense(16, bias_initializer=dead), keras.layers.Activation("relu6")]
+    else:
+        hidden = [keras.layers.Conv2D(4, 3, bias_initializer=dead), keras.layers.MaxPooling2D(), keras.layers.ReLU(),
+                  keras.layers.Flatten()]
+    model = keras.Sequential([keras.Input((28, 28, 1)), *hidden, keras.layers.Dense(10)])
+    findings = diagnose(model, image, 7, SaliencyObjective("logit"))
+    assert codes(findings) == ["dead-units"] and "All of the" in findings[0].message
+
+
+def test_a_layer_dead_only_because_the_one_below_is_is_not_a_second_cause(image, rng):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(-20.0)),
+                              keras.layers.Dense(12, activation="relu"), keras.layers.Dense(10)])
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    findings = diagnose(model, image, 7, HeatmapObjective(target, LRP(model)))
+    assert codes(findings) == ["dead-units"] and findings[0].layer == model.layers[1].name
+
+
+def test_a_dead_output_for_part_of_the_batch_does_not_claim_every_gradient(image, rng):
+    model = build_model(Architecture(hidden=(32, 16), output_activation="relu"), seed=0)
+    explainer = LRP(model, output="activation")
+    logits = explainer.explain(image, 0).logits.numpy()[0]  # the pre-activations of the final ReLU
+    dead, alive = int(np.argmin(logits)), int(np.argmax(logits))
+    assert logits[dead] <= 0 < logits[alive]
+    target = rng.normal(0, 0.01, (2, *image.shape[1:])).astype("float32")
+    objective = HeatmapObjective(target, explainer)
+    batch = np.concatenate([image, image])
+    assert max_abs(objective.probe(model, batch, [dead, alive], tf.float32).gradients) > 0
+    (finding,) = [f for f in diagnose(model, batch, [dead, alive], objective) if f.code == "dead-output"]
+    assert "For 1 of 2 inputs" in finding.message and "add nothing to the gradient" in finding.message
+    assert "every gradient is exactly 0" not in finding.message

@@ -72,6 +72,9 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
         )
     steps = canonize(model)
     probe = objective.probe(model, x, label, tf.as_dtype(precision))
+    blank = checks.blank_input(objective, probe)
+    if blank:  # the one cause: the rest it sets off (z = 0, units without input) would mislead
+        return blank
     findings = (
         checks.unconnected(probe)
         + checks.non_finite(objective, steps, probe)

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from heatinv.doctor.findings import Finding
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, Probe, SaliencyObjective, ends_in_softmax
-from heatinv.lrp.canonical import Elementwise, Linear
+from heatinv.lrp.canonical import Elementwise, Linear, Pool
 
 DEAD_UNITS_FRACTION = 0.9
 """A layer is reported when at least this share of its units is inactive for the whole batch."""
@@ -21,15 +21,17 @@ DEAD_UNITS_FRACTION = 0.9
 KERAS_PROBABILITY_CLIP = 1e-7
 """Keras's cross-entropy clips probabilities to [eps, 1 - eps] with this eps."""
 
-FAR_BELOW_ZERO = -2.0
-"""Dead units whose largest ReLU input is below this are past reviving with a smooth activation."""
+FAR_BELOW_ZERO = -0.5
+"""Dead units whose largest ReLU input is below this are past reviving with a smooth activation: softplus
+with beta 10 has a slope below sigmoid(-5) = 0.0067 there, and 2e-9 at -2."""
 
 VANISHED_SIGNAL_RATIO = 1e-6
 """A forward signal has vanished where a layer's mean |z| is below this share of the first layer's."""
 
 
-_RELU_FUNCTIONS = (keras.activations.relu, keras.ops.relu, tf.nn.relu)
-"""The ReLU as a Keras activation, a Keras op or a TensorFlow function (``activation=tf.nn.relu``)."""
+_RELU_FUNCTIONS = (keras.activations.relu, keras.ops.relu, tf.nn.relu, keras.activations.relu6, keras.ops.relu6, tf.nn.relu6)
+"""The ReLU (and ReLU6, as dead below 0) as a Keras activation, a Keras op or a TensorFlow function
+(``activation=tf.nn.relu``)."""
 
 
 def _relu_like(fn) -> bool:
@@ -37,10 +39,14 @@ def _relu_like(fn) -> bool:
 
 
 def _followed_by_relu(steps, i: int) -> bool:
-    """Whether step ``i`` (a Linear) ends in a ReLU: its own activation or its only reader's."""
+    """Whether step ``i`` (a Linear) ends in a ReLU: its own activation or its only reader's, also
+    through a max pooling (the largest of values <= 0 is <= 0)."""
     if _relu_like(steps[i].activation):
         return True
     readers = [step for step in steps if i in step.sources]
+    while len(readers) == 1 and isinstance(readers[0], Pool) and readers[0].kind == "max":
+        j = steps.index(readers[0])
+        readers = [step for step in steps if j in step.sources]
     if len(readers) == 1 and isinstance(readers[0], Elementwise):
         layer = readers[0].layer
         if isinstance(layer, keras.layers.ReLU):
@@ -201,6 +207,39 @@ def _non_finite_finding(where: str, layer, values, bad: int, objective, probe: P
     )
 
 
+def blank_input(objective, probe: Probe) -> list[Finding]:
+    """An all-zero input under a first-layer rule that multiplies by it (epsilon, z+, LRP-0, gamma):
+    the heatmap is 0 whatever the weights. What else a blank input sets off (z = 0 for LRP-0,
+    units without input) follows from it, and is left unsaid."""
+    if not isinstance(objective, HeatmapObjective) or not all_zero(probe):
+        return []
+    x = probe.fwd.inputs[0].numpy()
+    if np.any(x):
+        return []
+    values = f"The input is all 0 ({x[0].size} values per example)"
+    if probe.score is not None and not np.any(probe.score.numpy()):
+        return [
+            Finding(
+                "blank-input",
+                None,
+                f"{values}, and so is the explained score (the biases add up to 0 for it): no relevance enters "
+                "the network, the heatmap is all 0 and every gradient with it.",
+                "Explain a real input (target.index, or target.image).",
+            )
+        ]
+    return [
+        Finding(
+            "blank-input",
+            None,
+            f"{values}: the first layer's rule gives each input value a share of the relevance proportional to "
+            "it, so the heatmap is all 0 and every gradient with it, whatever the weights.",
+            "Explain a real input (target.index, or target.image), or give the first layer a rule that spreads "
+            "relevance by the weights rather than by the input: lrp.composite=epsilon_gamma_box (zbox, the default) "
+            "or epsilon_plus_flat (flat).",
+        )
+    ]
+
+
 def lrp_zero_division(objective, steps, probe: Probe) -> list[Finding]:
     if not isinstance(objective, HeatmapObjective):
         return []
@@ -283,7 +322,9 @@ def dead_output(objective, steps, probe: Probe, label) -> list[Finding]:
                 steps[top].name,
                 f"For {int(dead.sum())} of {len(dead)} inputs the target class's pre-activation is <= 0 "
                 f"(largest {_fmt(float(scores[dead].max()))}), so its final ReLU outputs 0: the relevance "
-                "that enters the network is 0, the heatmap is all zeros and every gradient is exactly 0.",
+                "that enters the network is 0, "
+                + ("the heatmap is all zeros and every gradient is exactly 0." if dead.all() else
+                   "so their heatmaps are all zeros and they add nothing to the gradient."),
                 "Explain the pre-activation score: lrp.output=logit (heatinv's default), or build the model "
                 "with a linear output: model.output_activation=linear.",
             )
@@ -320,6 +361,8 @@ def dead_units(steps, probe: Probe) -> list[Finding]:
     findings = []
     for i, step, z in _pre_activations(steps, probe):
         if i == top or not _followed_by_relu(steps, i):
+            continue
+        if not np.any(probe.fwd.inputs[i].numpy()):  # dead because nothing reaches it: the layer below is reported
             continue
         units = tf.reshape(z, [-1, z.shape[-1]])  # every position of a conv map is a sample of its channel
         inactive = tf.reduce_all(units <= 0, axis=0).numpy()
