@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from heatinv.atomic import write_json
 from heatinv.final_metrics import FINAL_METRICS
 from heatinv.job_log import DONE_MARK, FAILED_MARK, UNREAD_MARK
-from heatinv.wording import run_dir_override
+from heatinv.wording import count, run_dir_override
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class SweepSummary(Callback):
         except Exception:  # a summary must never hide the sweep's own result or error
             log.exception("heatinv: could not write the sweep summary in %s", self._sweep_dir)
             return
-        line = f"heatinv: sweep summary {os.path.join(self._sweep_dir, self.filename)}: {len(summary['jobs'])} jobs"
+        line = f"heatinv: sweep summary {os.path.join(self._sweep_dir, self.filename)}: {count(len(summary['jobs']), 'job')}"
         for status in ("interrupted", "failed"):
             jobs = [job for job in summary["jobs"] if job["status"] == status]
             if jobs:
@@ -288,14 +288,15 @@ def _override_key(override: str) -> Optional[str]:
 
 
 def swept_hparams(job_dirs_: list[str], overrides: list[list[str]]) -> dict[str, list]:
-    """``{flat key: [value per job]}`` for the keys the jobs' overrides set or that differ between jobs.
+    """``{flat key: [value per job]}`` for the keys every run shows (``HPARAM_KEYS``), the jobs' overrides
+    set, or that differ between jobs; never the switches of how a job starts (``NOT_HPARAMS``).
 
     Values are the ones each job logged to HParams (``heatinv.summaries.hparam_value`` of
     ``heatinv.config.flat_config``); a group override (``loss=huber``) selects every key of
     that group (``loss.name``, ``loss.delta``, ...).
     """
     from heatinv.config import flat_config
-    from heatinv.summaries import hparam_value
+    from heatinv.summaries import HPARAM_KEYS, NOT_HPARAMS, hparam_value
 
     flats = []
     for job_dir in job_dirs_:
@@ -308,7 +309,7 @@ def swept_hparams(job_dirs_: list[str], overrides: list[list[str]]) -> dict[str,
         values = [flat.get(key) for flat in flats]
         overridden = any(key == p or key.startswith(p + ".") for p in prefixes)
         differs = len({json.dumps(v, sort_keys=True) for v in values}) > 1
-        if overridden or differs:
+        if key not in NOT_HPARAMS and (key in HPARAM_KEYS or overridden or differs):
             chosen[key] = values
     return chosen
 

@@ -55,6 +55,9 @@ HPARAM_KEYS = (
 )
 """Keys every run's HParams row shows (what a person tells runs apart by); overridden keys are added."""
 
+NOT_HPARAMS = ("trainer.resume", "trainer.overwrite")
+"""Keys set on a command line that say how a run starts, not what it runs: never a column."""
+
 HISTOGRAM_BUCKETS = 30  # tf.summary.histogram's default
 
 scalar_metadata = scalar_plugin.create_summary_metadata(display_name=None, description=None)
@@ -64,9 +67,20 @@ text_metadata = text_plugin.create_summary_metadata(display_name=None, descripti
 
 
 def trial_name(out: str, root: str) -> str:
-    """The HParams row's name: the run directory relative to ``outputs/`` (unique across sweeps)."""
-    relative = os.path.relpath(out, root)
-    return os.path.basename(os.path.normpath(out)) if relative.startswith(".") else relative
+    """The HParams row's name: the run's own folder, then where it lies under ``outputs/`` (unique across sweeps).
+
+    The folder comes first because TensorBoard's column shows a name's start: the dated part
+    is the same for every job of a sweep.
+
+    Example:
+    >>> trial_name("outputs/multirun/2026-12-04/22-24-44/0_loss=l1", "outputs")
+    '0_loss=l1 (multirun/2026-12-04/22-24-44)'
+    """
+    relative = os.path.normpath(os.path.relpath(out, root))
+    if relative.startswith("."):
+        return os.path.basename(os.path.normpath(out))
+    where, folder = os.path.split(relative)
+    return f"{folder} ({where})" if where else folder
 
 
 def hparam_value(value):
@@ -92,7 +106,7 @@ def compared_hparams(flat: dict, overrides: list[str] = ()) -> dict:
     return {
         key: hparam_value(value)
         for key, value in flat.items()
-        if key in HPARAM_KEYS or any(key == p or key.startswith(p + ".") for p in prefixes)
+        if key not in NOT_HPARAMS and (key in HPARAM_KEYS or any(key == p or key.startswith(p + ".") for p in prefixes))
     }
 
 

@@ -562,3 +562,20 @@ def test_optuna_search_config(compose_hydra):
         "lrp.epsilon": "tag(log, interval(1e-9, 1e-3))",
         "loss.delta": "interval(0.01, 0.5)",
     }
+
+
+def test_hparams_columns_are_the_keys_every_run_shows_and_never_how_a_job_started(tmp_path):
+    """A resumed sweep got a trainer.resume column (true for one job, blank for another); the keys every single
+    run's row shows (optimizer, trainer.steps, ...) were missing from a sweep's."""
+    from heatinv.callbacks import swept_hparams
+
+    sweep = tmp_path / "sweep"
+    jobs = [(["loss=l1", "trainer.resume=true"], "l1", True), (["loss=mse"], "mse", False)]
+    dirs = [
+        make_job(sweep, num, overrides, {**job_config(loss), "optimizer": {"name": "adam", "lr": 1e-3},
+                                         "trainer": {"steps": 300, "resume": resume}}, metrics_for(0.9))
+        for num, (overrides, loss, resume) in enumerate(jobs)
+    ]
+    columns = swept_hparams(dirs, [overrides for overrides, _, _ in jobs])
+    assert {"loss.name", "optimizer.name", "optimizer.lr", "trainer.steps"} <= set(columns)
+    assert "trainer.resume" not in columns and "lrp.gamma" not in columns
