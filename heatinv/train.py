@@ -230,16 +230,9 @@ def _run_and_report(cfg: DictConfig) -> float:
         if _in_sweep():
             from hydra.core.hydra_config import HydraConfig
 
-            hydra = HydraConfig.get()
-            if "optuna" in str(hydra.sweeper.get("_target_", "")).lower():
-                # Optuna's sweeper numbers its trials from 0 again and asks its sampler anew: a re-run is another search.
-                _error(
-                    f"heatinv: {interrupted.stopped()} An Optuna search is not resumed: run again, it starts new "
-                    "trials, as its sampler proposes anew."
-                )
-            else:
-                sweep = run_dir_override(os.path.abspath(hydra.sweep.dir), "hydra.sweep.dir")
-                _error(f"heatinv: {interrupted.resume_with(sweep)} (finished jobs are kept, unstarted ones start)")
+            # An Optuna search too: its seeded sampler proposes the same trials again, in order.
+            sweep = run_dir_override(os.path.abspath(HydraConfig.get().sweep.dir), "hydra.sweep.dir")
+            _error(f"heatinv: {interrupted.resume_with(sweep)} (finished jobs are kept, unstarted ones start)")
         else:
             _error(f"heatinv: {interrupted}")
         sys.exit(128 + interrupted.signum)
