@@ -94,13 +94,13 @@ def test_a_run_is_named_after_its_overrides_and_resumes_from_the_printed_command
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 30
     assert [p.name for p in (tmp_path / "outputs").glob("*/*")] == [run_dir.name]  # no second folder
 
-    # Issue #18: the HParams row is named after the run directory relative to outputs/
+    # Issue #18: the HParams row is named after the run's folder, then where it lies under outputs/
     # (paths.root), so rows of runs started the same second in different days stay apart.
     accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
     accumulator.Reload()
     content = accumulator.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
-    assert start.group_name == f"{run_dir.parent.name}/{run_dir.name}"
+    assert start.group_name == f"{run_dir.name} ({run_dir.parent.name})"
     assert start.hparams["loss.name"].string_value == "l1"
 
 
