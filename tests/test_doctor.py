@@ -693,3 +693,16 @@ def test_a_dead_output_for_part_of_the_batch_does_not_claim_every_gradient(image
     (finding,) = [f for f in diagnose(model, batch, [dead, alive], objective) if f.code == "dead-output"]
     assert "For 1 of 2 inputs" in finding.message and "add nothing to the gradient" in finding.message
     assert "every gradient is exactly 0" not in finding.message
+
+
+def test_a_zplus_score_without_positive_contributions_is_not_blamed_on_biases():
+    """Class 0's score is made only of negative contributions, which z+ drops; the model has no biases."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, activation="relu", kernel_initializer="ones"),
+                              keras.layers.Dense(2)])
+    model.layers[1].kernel.assign(np.ones((3, 2)) * [-1.0, 1.0])  # logit 0 = -sum(h), logit 1 = +sum(h)
+    x = np.ones((2, 3), "float32")
+    objective = HeatmapObjective(np.full((2, 3), 0.1, "float32"), LRP(model, "zplus"))
+    (finding,) = diagnose(model, x, np.array([0, 1]), objective)
+    assert finding.code == "absorbed-relevance" and "For 1 of 2 inputs" in finding.message
+    assert f"the z+ rule of {model.layers[0].name}, {model.layers[1].name} passes on only the positive" in finding.message
+    assert "biases" not in finding.fix and "lrp.composite=epsilon" in finding.fix

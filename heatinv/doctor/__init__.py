@@ -84,7 +84,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
         + checks.lrp_zero_division(objective, steps, probe)
         + checks.softmax_saturated(objective, steps, probe, label)
         + checks.piecewise_linear(objective, steps, probe)
-        + checks.absorbed_relevance(probe)
+        + checks.absorbed_relevance(probe, objective, steps)
     )
     if checks.all_zero(probe):  # a fading forward pass is the cause an underflow below would show
         findings += checks.vanished_signal(steps, probe)

@@ -616,10 +616,11 @@ ABSORBED_FRACTION = 1e-6
 """A heatmap whose |values| sum to less than this share of its explained score has lost it on the way down."""
 
 
-def absorbed_relevance(probe: Probe) -> list[Finding]:
+def absorbed_relevance(probe: Probe, objective=None, steps=()) -> list[Finding]:
     """An LRP heatmap that keeps almost none of the score that entered: its gradients, though not
     0, are as small, and the heatmap is about 0 whatever the weights do. Left to the other checks
-    where every gradient is exactly 0."""
+    where every gradient is exactly 0. Says what absorbed it: biases where there are any, and
+    the z+ rule where a layer has it (it passes on only positive contributions)."""
     if probe.heatmap is None or probe.score is None or all_zero(probe):
         return []
     score = np.abs(probe.score.numpy().astype(np.float64))
@@ -630,13 +631,33 @@ def absorbed_relevance(probe: Probe) -> list[Finding]:
     logits = probe.fwd.logits.numpy().astype(np.float64)
     spread = float(np.max(np.ptp(logits, axis=0))) if len(logits) > 1 else None
     varies = "" if spread is None else f"; across the batch no logit varies by more than {_fmt(spread)}"
+    zplus = _layers_with_rule(objective, steps, "zplus")
+    biased = not steps or any(
+        probe.fwd.params[i] is not None and np.any(probe.fwd.params[i][1].numpy()) for i, s in enumerate(steps) if isinstance(s, Linear)
+    )
+    measured = (
+        f"For {int(lost.sum())} of {len(score)} inputs the heatmap's |values| sum to less than {ABSORBED_FRACTION:g} of the "
+        f"explained score (at most {_fmt(float(np.max(kept[lost] / score[lost])))} of it; scores up to "
+        f"{_fmt(float(score[lost].max()))})"
+    )
+    if zplus and not biased:
+        return [
+            Finding(
+                "absorbed-relevance",
+                None,
+                f"{measured}: the z+ rule of {', '.join(zplus)} passes on only the positive contributions a_j w_jk > 0, "
+                f"and this score has almost none there (the layers have no biases to absorb it), so the heatmap and its "
+                f"gradients are about 0{varies}.",
+                "Explain a class whose score the layer's inputs raise, or use a rule that keeps the negative "
+                "contributions there: lrp.composite=epsilon (or epsilon_alpha2_beta1).",
+            )
+        ]
+    also = f"; the z+ rule of {', '.join(zplus)} drops the negative contributions too" if zplus else ""
     return [
         Finding(
             "absorbed-relevance",
             None,
-            f"For {int(lost.sum())} of {len(score)} inputs the heatmap's |values| sum to less than {ABSORBED_FRACTION:g} of the "
-            f"explained score (at most {_fmt(float(np.max(kept[lost] / score[lost])))} of it; scores up to "
-            f"{_fmt(float(score[lost].max()))}): the biases and stabilizers absorbed the rest on the way down, so the "
+            f"{measured}: the biases and stabilizers absorbed the rest on the way down{also}, so the "
             f"heatmap and its gradients are about 0{varies}. A score made of biases, not of the input, looks "
             "like this: a model whose BatchNorm statistics do not fit the data (in inference mode), or one that "
             "has not learned the data.",
@@ -645,6 +666,15 @@ def absorbed_relevance(probe: Probe) -> list[Finding]:
             "with training=True and each BatchNorm's momentum 0); with a large lrp.epsilon, lower it.",
         )
     ]
+
+
+def _layers_with_rule(objective, steps, name: str) -> list[str]:
+    """The linear layers whose rule in ``objective``'s composite is ``name``."""
+    composite = getattr(getattr(objective, "explainer", None), "composite", None)
+    linear = [i for i, s in enumerate(steps) if isinstance(s, Linear)]
+    if composite is None or not linear:
+        return []
+    return [steps[i].name for i in linear if composite.rule_for(steps[i].kind, is_first=i == linear[0]).name == name]
 
 
 def all_zero(probe: Probe) -> bool:
