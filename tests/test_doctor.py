@@ -205,6 +205,18 @@ def test_input_that_overflows_the_first_layer_names_the_layer(mlp, rng):
     first_dense = next(layer for layer in mlp.layers if isinstance(layer, keras.layers.Dense))
     assert codes(findings) == ["non-finite"] and findings[0].layer == first_dense.name
     assert "while the input is finite (largest |value| 3e+38)" in findings[0].message
+    assert "Rescale the input" in findings[0].fix
+
+
+def test_weights_grown_until_a_layer_overflows_are_sent_to_the_learning_rate(mlp, image, rng):
+    """optimizer.lr=1e30 in a sweep: the overflow was told to rescale an input already in [0, 1]."""
+    first_dense = next(layer for layer in mlp.layers if isinstance(layer, keras.layers.Dense))
+    first_dense.kernel.assign(tf.fill(first_dense.kernel.shape, 1e37))  # 784 inputs of ~0.5: sums of ~4e39
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    (finding,) = diagnose(mlp, image, 7, HeatmapObjective(target, LRP(mlp)))
+    assert finding.code == "non-finite" and finding.layer == first_dense.name
+    assert "the layer's weights reach |w| = " in finding.message and "Lower optimizer.lr" in finding.fix
+    assert "Rescale the input" not in finding.fix
 
 
 def test_infinite_input_is_named_as_the_input(mlp, image, rng):

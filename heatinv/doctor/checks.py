@@ -147,11 +147,20 @@ def non_finite(objective, steps, probe: Probe) -> list[Finding]:
     for where, layer, values in places:
         bad = _count_non_finite(values)
         if bad:
-            return [_non_finite_finding(where, layer, values, bad, objective, probe)]
+            return [_non_finite_finding(where, layer, values, bad, objective, probe, steps)]
     return []
 
 
-def _non_finite_finding(where: str, layer, values, bad: int, objective, probe: Probe) -> Finding:
+GROWN_WEIGHT = 1e6
+"""A weight beyond this in magnitude is no trained network's: an optimizer step too large put it there."""
+
+
+def _largest_weight(steps, name: str) -> float:
+    weights = [w.numpy() for step in steps if step.name == name for w in getattr(step.layer, "weights", [])]
+    return max((float(np.max(np.abs(w))) for w in weights if w.size), default=0.0)
+
+
+def _non_finite_finding(where: str, layer, values, bad: int, objective, probe: Probe, steps=()) -> Finding:
     dtype = probe.dtype.name
     x = probe.fwd.inputs[0]
     size = int(np.size(values))
@@ -170,6 +179,15 @@ def _non_finite_finding(where: str, layer, values, bad: int, objective, probe: P
             "Give the layer finite weights: load them from before they went bad (an earlier checkpoint, or "
             "init=reference), or initialize it again. heatinv's trainer skips every update whose gradients are "
             "NaN or Inf, so its students keep finite weights.",
+        )
+    if where.startswith("the output of layer") and _largest_weight(steps, layer) > GROWN_WEIGHT:
+        return Finding(
+            "non-finite", layer,
+            f"{head}, while the input is finite (largest |value| {_largest(x)}) and the layer's weights reach "
+            f"|w| = {_fmt(_largest_weight(steps, layer))}: its sums overflow {dtype}. Weights this large are what "
+            "too large an optimizer step leaves.",
+            "Lower optimizer.lr (or bound each step: optimizer.global_clipnorm=1.0), and start again from "
+            "finite, sized weights (init=reference, or a fresh start).",
         )
     if where.startswith("the output of layer"):
         return Finding(
