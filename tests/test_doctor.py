@@ -718,3 +718,13 @@ def test_a_zplus_score_without_positive_contributions_is_not_blamed_on_biases():
     assert finding.code == "absorbed-relevance" and "For 1 of 2 inputs" in finding.message
     assert f"the z+ rule of {model.layers[0].name}, {model.layers[1].name} passes on only the positive" in finding.message
     assert "biases" not in finding.fix and "lrp.composite=epsilon" in finding.fix
+
+
+def test_a_linear_networks_gradient_explanation_is_said_not_to_depend_on_the_input(image, rng):
+    keras.utils.set_random_seed(0)
+    linear = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(16), keras.layers.Dense(10)])
+    objective = ExplanationObjective(rng.normal(0, 0.01, image.shape).astype("float32"))
+    assert objective.probe(linear, image, 7, tf.float32).gradients["input"] is None
+    (finding,) = diagnose(linear, image, 7, objective)
+    assert finding.code == "unconnected" and "does not depend on the input" in finding.message
+    assert "Keep only variables" not in finding.fix

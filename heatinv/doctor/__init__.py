@@ -76,7 +76,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
     if blank:  # the one cause: the rest it sets off (z = 0, units without input) would mislead
         return blank
     findings = (
-        checks.unconnected(probe)
+        checks.unconnected(probe, objective)
         + checks.non_finite(objective, steps, probe)
         + checks.zero_residual(objective, probe)
         + checks.dead_output(objective, steps, probe, label)

@@ -66,10 +66,23 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def unconnected(probe: Probe) -> list[Finding]:
+def unconnected(probe: Probe, objective=None) -> list[Finding]:
     findings = []
     for name, gradient in probe.gradients.items():
-        if gradient is None:
+        if gradient is None and name == "input" and isinstance(objective, ExplanationObjective):
+            # d logit / d x of a network linear in x is its weights: no path from x to the explanation
+            findings.append(
+                Finding(
+                    "unconnected",
+                    name,
+                    "The gradient explanation d logit / d x does not depend on the input: the network is linear in "
+                    "it (no activation between input and logit), so the saliency is its weights, the same for "
+                    "every x, and the tape finds no path from x to the loss (None, or zeros).",
+                    "Moving the input cannot change this explanation: change the weights instead (a weights "
+                    "objective), or explain a network with activations.",
+                )
+            )
+        elif gradient is None:
             findings.append(
                 Finding(
                     "unconnected",
