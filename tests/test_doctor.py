@@ -728,3 +728,18 @@ def test_a_linear_networks_gradient_explanation_is_said_not_to_depend_on_the_inp
     (finding,) = diagnose(linear, image, 7, objective)
     assert finding.code == "unconnected" and "does not depend on the input" in finding.message
     assert "Keep only variables" not in finding.fix
+
+
+def test_a_softmax_of_logits_saturated_for_part_of_a_batch_is_not_an_underflow(rng):
+    """One input's top logit leads by ~150: its gradient is 1e-64 in float64, so float64 is no fix for it."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(4)])
+    x = rng.uniform(size=(2, 8, 8, 1)).astype("float32")
+    logits = np.sort(model(x).numpy(), axis=1)
+    model.layers[-1].kernel.assign(model.layers[-1].kernel * (150 / (logits[:, -1] - logits[:, -2]).max()))
+    labels = model(x).numpy().argmax(axis=1)
+    gradient = SaliencyObjective().probe(model, x, labels, tf.float32).gradients["input"].numpy().reshape(2, -1)
+    assert sorted(np.any(gradient, axis=1).tolist()) == [False, True]  # one input's row is 0, the other's not
+    findings = diagnose(model, x, labels, SaliencyObjective())
+    assert codes(findings) == ["softmax-saturated"] and "for 1 of 2 inputs" in findings[0].message

@@ -465,11 +465,19 @@ def softmax_saturated(objective, steps, probe: Probe, label) -> list[Finding]:
 
 
 def _softmax_of_logits_saturated(probe: Probe) -> list[Finding]:
-    """Cross-entropy from logits: its gradient ``p - y`` is exactly 0 where the softmax rounds to one-hot."""
-    if not all_zero(probe):
-        return []
+    """Cross-entropy from logits: its gradient ``p - y`` is exactly 0 where the softmax rounds to one-hot.
+
+    For a whole batch where every gradient is 0; for some of its inputs where the gradient with
+    respect to the input, which has a row per input, is 0 in just those rows (their float64
+    gradients are as small as their probabilities, so it is no underflow that float64 mends).
+    """
     # p - y is exactly 0 where every other probability is exactly 0 at the working precision
     saturated = np.count_nonzero(tf.nn.softmax(probe.fwd.logits).numpy(), axis=-1) == 1
+    if not all_zero(probe):
+        per_input = probe.gradients.get("input")
+        if per_input is None or per_input.shape[0] != len(saturated):
+            return []
+        saturated &= ~np.any(per_input.numpy().reshape(len(saturated), -1), axis=1)
     if not saturated.any():
         return []
     logits = probe.fwd.logits.numpy().astype(np.float64)
