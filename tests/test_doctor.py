@@ -743,3 +743,16 @@ def test_a_softmax_of_logits_saturated_for_part_of_a_batch_is_not_an_underflow(r
     assert sorted(np.any(gradient, axis=1).tolist()) == [False, True]  # one input's row is 0, the other's not
     findings = diagnose(model, x, labels, SaliencyObjective())
     assert codes(findings) == ["softmax-saturated"] and "for 1 of 2 inputs" in findings[0].message
+
+
+def test_a_float16_models_underflow_in_many_variables_is_one_finding():
+    """Five paragraphs, each with the whole fix, for one cause: grouped as float32's underflow is."""
+    from heatinv.doctor.objectives import Probe
+
+    tiny = {f"dense_{i}/kernel": tf.fill([4, 4], 1e-9) for i in range(5)}  # below float16's 2^-25 = 3e-8
+    findings = checks.float16_underflow(Probe(0.5, tiny, None, None, tf.float32))
+    assert codes(findings) == ["underflow"] and findings[0].layer is None
+    assert findings[0].message.startswith("The gradients of 5 of the 5 variables (dense_0/kernel, dense_1/kernel, dense_2/kernel, ...)")
+    assert "80 of their 80 non-zero entries" in findings[0].message and "computes in float16" in findings[0].message
+    few = checks.float16_underflow(Probe(0.5, dict(list(tiny.items())[:2]), None, None, tf.float32))
+    assert [f.layer for f in few] == ["dense_0/kernel", "dense_1/kernel"]

@@ -545,9 +545,10 @@ def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
 
 
 def float16_underflow(probe32: Probe) -> list[Finding]:
-    """Gradients of a float16 model, measured on its float32 copy, that float16 rounds to 0."""
+    """Gradients of a float16 model, measured on its float32 copy, that float16 rounds to 0; grouped
+    into one finding beyond :data:`UNDERFLOW_NAMED` variables, as float32's are."""
     zero_in_float16 = 2.0**-25  # half float16's smallest subnormal: anything smaller rounds to 0
-    findings = []
+    lost_by_name = []
     for name, g in probe32.gradients.items():
         if g is None:
             continue
@@ -556,19 +557,35 @@ def float16_underflow(probe32: Probe) -> list[Finding]:
         lost = alive & (g < zero_in_float16)
         if not alive.any() or lost.sum() < 0.5 * alive.sum():
             continue
-        findings.append(
-            Finding(
-                "underflow",
-                name,
-                f"{int(lost.sum())} of the {int(alive.sum())} non-zero gradient entries of {name} are below "
-                f"{zero_in_float16:.3g} (largest of them {_fmt(float(g[lost].max()))}) in the float32 copy the doctor "
-                "differentiates: the model computes in float16, where they round to exactly 0.",
-                "Compute in float32 (keras.config.set_dtype_policy('float32') before building the model), or keep "
-                "float16 with loss scaling, keras.optimizers.LossScaleOptimizer, which scales the loss up so its "
-                "gradients stay within float16's range.",
-            )
+        lost_by_name.append((name, int(lost.sum()), int(alive.sum()), float(g[lost].max())))
+    where = (
+        f"in the float32 copy the doctor differentiates: the model computes in float16, where they round to exactly 0"
+    )
+    fix = (
+        "Compute in float32 (keras.config.set_dtype_policy('float32') before building the model), or keep "
+        "float16 with loss scaling, keras.optimizers.LossScaleOptimizer, which scales the loss up so its "
+        "gradients stay within float16's range."
+    )
+    if len(lost_by_name) > UNDERFLOW_NAMED:
+        lost, alive = sum(n for _, n, _, _ in lost_by_name), sum(n for _, _, n, _ in lost_by_name)
+        largest = max(m for *_, m in lost_by_name)
+        examples = ", ".join(name for name, *_ in lost_by_name[:UNDERFLOW_NAMED])
+        message = (
+            f"The gradients of {len(lost_by_name)} of the {len(probe32.gradients)} variables ({examples}, ...) are "
+            f"below {zero_in_float16:.3g}: {lost} of their {alive} non-zero entries (largest of them {_fmt(largest)}) "
+            f"{where}."
         )
-    return findings
+        return [Finding("underflow", None, message, fix)]
+    return [
+        Finding(
+            "underflow",
+            name,
+            f"{lost} of the {alive} non-zero gradient entries of {name} are below {zero_in_float16:.3g} (largest of "
+            f"them {_fmt(largest)}) {where}.",
+            fix,
+        )
+        for name, lost, alive, largest in lost_by_name
+    ]
 
 
 _PIECEWISE_LINEAR_ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu")
