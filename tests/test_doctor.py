@@ -756,3 +756,15 @@ def test_a_float16_models_underflow_in_many_variables_is_one_finding():
     assert "80 of their 80 non-zero entries" in findings[0].message and "computes in float16" in findings[0].message
     few = checks.float16_underflow(Probe(0.5, dict(list(tiny.items())[:2]), None, None, tf.float32))
     assert [f.layer for f in few] == ["dense_0/kernel", "dense_1/kernel"]
+
+
+@pytest.mark.parametrize("relu6", ["relu6 activation", "ReLU(max_value=6)"])
+def test_units_held_at_a_relu6_cap_are_flat_too(image, relu6):
+    keras.utils.set_random_seed(0)
+    high = keras.initializers.Constant(20.0)
+    hidden = ([keras.layers.Dense(16, activation="relu6", bias_initializer=high)] if relu6 == "relu6 activation"
+              else [keras.layers.Dense(16, bias_initializer=high), keras.layers.ReLU(max_value=6.0)])
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), *hidden, keras.layers.Dense(10)])
+    findings = diagnose(model, image, 7, SaliencyObjective("logit"))
+    assert codes(findings) == ["dead-units"]
+    assert "16 at or above the cap of 6 of their ReLU" in findings[0].message and "inside (0, 6)" in findings[0].fix

@@ -55,6 +55,23 @@ def _followed_by_relu(steps, i: int) -> bool:
     return False
 
 
+def _relu_cap(steps, i: int) -> float | None:
+    """The upper clip of the ReLU after Linear step ``i`` (6 for ReLU6), or None; through a max pooling,
+    as :func:`_followed_by_relu` looks."""
+    if getattr(steps[i].activation, "__name__", "") == "relu6":
+        return 6.0
+    readers = [step for step in steps if i in step.sources]
+    while len(readers) == 1 and isinstance(readers[0], Pool) and readers[0].kind == "max":
+        j = steps.index(readers[0])
+        readers = [step for step in steps if j in step.sources]
+    layer = readers[0].layer if len(readers) == 1 and isinstance(readers[0], Elementwise) else None
+    if isinstance(layer, keras.layers.ReLU) and layer.max_value is not None:
+        return float(layer.max_value)
+    if isinstance(layer, keras.layers.Activation) and getattr(layer.activation, "__name__", "") == "relu6":
+        return 6.0
+    return None
+
+
 def _pre_activations(steps, probe: Probe):
     """(index, step, z) for every Linear step, z = a W + b with BatchNorm folded."""
     for i, step in enumerate(steps):
@@ -396,9 +413,14 @@ def dead_units(steps, probe: Probe) -> list[Finding]:
         if not np.any(probe.fwd.inputs[i].numpy()):  # dead because nothing reaches it: the layer below is reported
             continue
         units = tf.reshape(z, [-1, z.shape[-1]])  # every position of a conv map is a sample of its channel
+        cap = _relu_cap(steps, i)
+        capped = tf.reduce_all(units >= cap, axis=0).numpy() if cap is not None else np.zeros(units.shape[-1], bool)
         inactive = tf.reduce_all(units <= 0, axis=0).numpy()
-        fraction = float(inactive.mean())
+        fraction = float((inactive | capped).mean())
         if fraction < DEAD_UNITS_FRACTION:
+            continue
+        if capped.any():
+            findings.append(_capped_units(step, units, inactive, capped, cap))
             continue
         what = "All" if fraction == 1.0 else f"{fraction:.0%} ({int(inactive.sum())})"
         consequence = (
@@ -430,6 +452,23 @@ def dead_units(steps, probe: Probe) -> list[Finding]:
             )
         )
     return findings
+
+
+def _capped_units(step, units, below: np.ndarray, capped: np.ndarray, cap: float) -> Finding:
+    """Units flat for the whole batch, some of them at a ReLU6's cap: the slope is 0 on both sides."""
+    flat = below | capped
+    what = "All" if flat.all() else f"{flat.mean():.0%} ({int(flat.sum())})"
+    smallest = float(tf.reduce_min(tf.boolean_mask(units, capped, axis=1)))
+    return Finding(
+        "dead-units",
+        step.name,
+        f"{what} of the {flat.size} units of {step.name} are flat for every input in the batch: {int(capped.sum())} at "
+        f"or above the cap of {cap:g} of their ReLU (input >= {cap:g}, smallest {_fmt(smallest)}), {int(below.sum())} "
+        "at or below 0; the slope is 0 on both sides, so "
+        + ("nothing reaches the layers below." if flat.all() else f"gradients pass only through the other {int((~flat).sum())}."),
+        f"Bring the pre-activations of {step.name} inside (0, {cap:g}): lower its bias or the scale of its weights or "
+        "input, or start from other weights (another trainer.seed, or init=reference).",
+    )
 
 
 def softmax_saturated(objective, steps, probe: Probe, label) -> list[Finding]:
