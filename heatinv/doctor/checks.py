@@ -43,16 +43,20 @@ def _followed_by_relu(steps, i: int) -> bool:
     through a max pooling (the largest of values <= 0 is <= 0)."""
     if _relu_like(steps[i].activation):
         return True
+    layer = _activation_after(steps, i)
+    if isinstance(layer, keras.layers.ReLU):
+        return layer.negative_slope == 0
+    return isinstance(layer, keras.layers.Activation) and _relu_like(layer.activation)
+
+
+def _activation_after(steps, i: int):
+    """The layer of step ``i``'s only reader when that is an activation, looking past max poolings
+    (which keep a unit's sign and its cap); else None."""
     readers = [step for step in steps if i in step.sources]
     while len(readers) == 1 and isinstance(readers[0], Pool) and readers[0].kind == "max":
         j = steps.index(readers[0])
         readers = [step for step in steps if j in step.sources]
-    if len(readers) == 1 and isinstance(readers[0], Elementwise):
-        layer = readers[0].layer
-        if isinstance(layer, keras.layers.ReLU):
-            return layer.negative_slope == 0
-        return isinstance(layer, keras.layers.Activation) and _relu_like(layer.activation)
-    return False
+    return readers[0].layer if len(readers) == 1 and isinstance(readers[0], Elementwise) else None
 
 
 def _relu_cap(steps, i: int) -> float | None:
@@ -60,11 +64,7 @@ def _relu_cap(steps, i: int) -> float | None:
     as :func:`_followed_by_relu` looks."""
     if getattr(steps[i].activation, "__name__", "") == "relu6":
         return 6.0
-    readers = [step for step in steps if i in step.sources]
-    while len(readers) == 1 and isinstance(readers[0], Pool) and readers[0].kind == "max":
-        j = steps.index(readers[0])
-        readers = [step for step in steps if j in step.sources]
-    layer = readers[0].layer if len(readers) == 1 and isinstance(readers[0], Elementwise) else None
+    layer = _activation_after(steps, i)
     if isinstance(layer, keras.layers.ReLU) and layer.max_value is not None:
         return float(layer.max_value)
     if isinstance(layer, keras.layers.Activation) and getattr(layer.activation, "__name__", "") == "relu6":
@@ -560,27 +560,30 @@ def underflow(probe32: Probe, probe64: Probe) -> list[Finding]:
         if not alive.any() or lost.sum() < 0.5 * alive.sum():
             continue
         lost_by_name.append((name, int(lost.sum()), int(alive.sum()), float(np.abs(g64[lost]).max())))
-    fix = "Compute in float64: trainer.precision=float64 (or rescale the loss so its gradients are larger)."
-    if len(lost_by_name) > UNDERFLOW_NAMED:
-        lost, alive = sum(n for _, n, _, _ in lost_by_name), sum(n for _, _, n, _ in lost_by_name)
-        largest = max(m for *_, m in lost_by_name)
-        examples = ", ".join(name for name, *_ in lost_by_name[:UNDERFLOW_NAMED])
-        message = (
-            f"The gradients of {len(lost_by_name)} of the {len(probe32.gradients)} variables underflow float32 "
+    return _underflow_findings(
+        lost_by_name,
+        lambda name, lost, alive, largest: (
+            f"{lost} of the {alive} non-zero float64 gradient entries of {name} are exactly 0 in float32 (float64 "
+            f"magnitudes up to {_fmt(largest)}): they underflow float32."
+        ),
+        lambda count, examples, lost, alive, largest: (
+            f"The gradients of {count} of the {len(probe32.gradients)} variables underflow float32 "
             f"({examples}, ...): {lost} of their {alive} non-zero float64 entries are exactly 0 in float32 (float64 "
             f"magnitudes up to {_fmt(largest)})."
-        )
-        return [Finding("underflow", None, message, fix)]
-    return [
-        Finding(
-            "underflow",
-            name,
-            f"{lost} of the {alive} non-zero float64 gradient entries of {name} are exactly 0 in float32 (float64 "
-            f"magnitudes up to {_fmt(largest)}): they underflow float32.",
-            fix,
-        )
-        for name, lost, alive, largest in lost_by_name
-    ]
+        ),
+        "Compute in float64: trainer.precision=float64 (or rescale the loss so its gradients are larger).",
+    )
+
+
+def _underflow_findings(lost_by_name: list[tuple[str, int, int, float]], each, grouped, fix: str) -> list[Finding]:
+    """An ``underflow`` finding per variable ``(name, lost, alive, largest)``, or one for them all beyond
+    :data:`UNDERFLOW_NAMED`; ``each`` and ``grouped`` word the message."""
+    if len(lost_by_name) <= UNDERFLOW_NAMED:
+        return [Finding("underflow", name, each(name, lost, alive, largest), fix) for name, lost, alive, largest in lost_by_name]
+    lost, alive = sum(n for _, n, _, _ in lost_by_name), sum(n for _, _, n, _ in lost_by_name)
+    largest = max(m for *_, m in lost_by_name)
+    examples = ", ".join(name for name, *_ in lost_by_name[:UNDERFLOW_NAMED])
+    return [Finding("underflow", None, grouped(len(lost_by_name), examples, lost, alive, largest), fix)]
 
 
 def float16_underflow(probe32: Probe) -> list[Finding]:
@@ -597,34 +600,21 @@ def float16_underflow(probe32: Probe) -> list[Finding]:
         if not alive.any() or lost.sum() < 0.5 * alive.sum():
             continue
         lost_by_name.append((name, int(lost.sum()), int(alive.sum()), float(g[lost].max())))
-    where = (
-        f"in the float32 copy the doctor differentiates: the model computes in float16, where they round to exactly 0"
-    )
-    fix = (
+    where = "in the float32 copy the doctor differentiates: the model computes in float16, where they round to exactly 0"
+    return _underflow_findings(
+        lost_by_name,
+        lambda name, lost, alive, largest: (
+            f"{lost} of the {alive} non-zero gradient entries of {name} are below {zero_in_float16:.3g} (largest of "
+            f"them {_fmt(largest)}) {where}."
+        ),
+        lambda count, examples, lost, alive, largest: (
+            f"The gradients of {count} of the {len(probe32.gradients)} variables ({examples}, ...) are below "
+            f"{zero_in_float16:.3g}: {lost} of their {alive} non-zero entries (largest of them {_fmt(largest)}) {where}."
+        ),
         "Compute in float32 (keras.config.set_dtype_policy('float32') before building the model), or keep "
         "float16 with loss scaling, keras.optimizers.LossScaleOptimizer, which scales the loss up so its "
-        "gradients stay within float16's range."
+        "gradients stay within float16's range.",
     )
-    if len(lost_by_name) > UNDERFLOW_NAMED:
-        lost, alive = sum(n for _, n, _, _ in lost_by_name), sum(n for _, _, n, _ in lost_by_name)
-        largest = max(m for *_, m in lost_by_name)
-        examples = ", ".join(name for name, *_ in lost_by_name[:UNDERFLOW_NAMED])
-        message = (
-            f"The gradients of {len(lost_by_name)} of the {len(probe32.gradients)} variables ({examples}, ...) are "
-            f"below {zero_in_float16:.3g}: {lost} of their {alive} non-zero entries (largest of them {_fmt(largest)}) "
-            f"{where}."
-        )
-        return [Finding("underflow", None, message, fix)]
-    return [
-        Finding(
-            "underflow",
-            name,
-            f"{lost} of the {alive} non-zero gradient entries of {name} are below {zero_in_float16:.3g} (largest of "
-            f"them {_fmt(largest)}) {where}.",
-            fix,
-        )
-        for name, lost, alive, largest in lost_by_name
-    ]
 
 
 _PIECEWISE_LINEAR_ACTIVATIONS = ("linear", "relu", "relu6", "leaky_relu")
