@@ -40,6 +40,7 @@ from heatinv.models import (
 from heatinv.progress import Progress
 from heatinv.maps_io import read_map
 from heatinv.targets import Target, build_target, file_map, pattern_file, unit_total
+from heatinv.wording import as_command_line
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -270,9 +271,10 @@ def _read_target_files(cfg, dataset: Dataset) -> None:
 def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
     """``task.classes`` and ``swap``'s ``target.like`` name classes this data has, and a swap moves something."""
     classes = moved_classes(cfg, dataset) or []
-    asked = [("task.classes", _shown_list(cfg.task.classes), c) for c in classes]
-    if cfg.target.kind == "swap":
-        asked.append(("target.like", cfg.target.like, like_class(cfg, dataset)))
+    asked = [("task.classes", as_command_line(cfg.task.classes), c) for c in classes]
+    like = like_class(cfg, dataset) if cfg.target.kind == "swap" else None
+    if like is not None:
+        asked.append(("target.like", cfg.target.like, like))
     for key, value, label in asked:
         if not 0 <= label < dataset.num_classes:
             raise ConfigError(
@@ -291,17 +293,13 @@ def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
                 f"Config value target.like={value!r}: the {dataset.name} data has no training example of that class to "
                 f"take the mean heatmap from. Pick a class with training examples: {names}."
             )
-    if cfg.target.kind == "swap" and classes and set(classes) == {like_class(cfg, dataset)}:
+    if like is not None and classes and set(classes) == {like}:
         other = next(i for i in range(dataset.num_classes) if i not in classes)
         raise ConfigError(
-            f"Config values target.like={cfg.target.like!r} and task.classes={_shown_list(cfg.task.classes)} make class "
+            f"Config values target.like={cfg.target.like!r} and task.classes={as_command_line(cfg.task.classes)} make class "
             f"{_class_name(classes[0], dataset.class_names)}'s heatmaps look like its own mean: nothing would be "
             f"manipulated. Move another class, e.g. task.classes=[{other}], or take the mean of another (target.like)."
         )
-
-
-def _shown_list(values) -> str:
-    return "[" + ", ".join(map(str, values)) + "]"
 
 
 def architecture(cfg) -> Architecture:
@@ -502,7 +500,7 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
     )
     names = dataset.class_names
     chosen = "all classes" if classes is None else "classes [" + ", ".join(_class_name(c, names) for c in classes) + "]"
-    description = f"{target_detail(target, names)} ({chosen})"
+    description = f"{target_detail(target, names, like if target.kind == 'swap' else None)} ({chosen})"
     if dataset.streamed:
         explain = _compiled_explain(explainer, dataset.input_shape)
         lrp_settings = OmegaConf.to_container(cfg.lrp, resolve=True)
@@ -557,22 +555,18 @@ def moved_examples(problem: DatasetProblem | StreamedProblem, dataset: Dataset, 
 
 def _class_name(index: int, names) -> str:
     """``1``, or ``1 (disk)`` where the class has a name of its own."""
-    if not isinstance(index, (int, np.integer)):  # a name the data lacks, said as given
-        return str(index)
     name = str(names[index]) if names is not None and 0 <= index < len(names) else str(index)
     return str(index) if name == str(index) else f"{index} ({name})"
 
 
-def _named_index(value, names) -> int | str:
-    """A class given by its name as its index where ``names`` has it; else as given."""
-    return list(names).index(value) if isinstance(value, str) and names is not None and value in names else value
+def target_detail(target, class_names=None, like: int | None = None) -> str:
+    """The dataset task's target in words, e.g. ``pattern frame``, ``swap like class 0 (cat)``, ``suppress_feature 'worst area'``.
 
-
-def target_detail(target, class_names=None) -> str:
-    """The dataset task's target in words, e.g. ``pattern frame``, ``swap like class 0 (cat)``, ``suppress_feature 'worst area'``."""
+    ``like``: swap's class as an index, where ``target.like`` names it (:func:`like_class`).
+    """
     detail = {
         "pattern": f"{target.pattern}" if target.pattern != "file" else f"file {target.path}",
-        "swap": f"like class {_class_name(_named_index(target.like, class_names), class_names)}",
+        "swap": f"like class {_class_name(target.like if like is None else like, class_names)}",
         "suppress": f"top {target.top_k}",
         "suppress_feature": f"{target.feature!r}",
         "swap_features": f"{target.feature!r} like {target.like!r}",

@@ -18,6 +18,7 @@ from omegaconf import MISSING, OmegaConf
 
 from heatinv.job_log import UNREAD_MARK
 from heatinv.startup import start_tensorflow
+from heatinv.wording import as_command_line
 
 # A joblib (loky) worker of a sweep unpickles Hydra's ConfigStore, which holds this module's
 # schema, before it reaches the entry point: here TensorFlow is first imported there. The
@@ -394,8 +395,8 @@ def validate(cfg) -> None:
     if cfg.task.classes is not None and len(set(cfg.task.classes)) != len(cfg.task.classes):
         twice = sorted({c for c in cfg.task.classes if list(cfg.task.classes).count(c) > 1}, key=str)
         raise ConfigError(
-            f"Config value task.classes={_shown(cfg.task.classes)} names class {', '.join(map(str, twice))} more than once. "
-            f"Name each class once, e.g. task.classes={_shown(sorted(set(cfg.task.classes), key=str))}."
+            f"Config value task.classes={as_command_line(cfg.task.classes)} names class {', '.join(map(str, twice))} more than once. "
+            f"Name each class once, e.g. task.classes={as_command_line(sorted(set(cfg.task.classes), key=str))}."
         )
     if cfg.task.kind == "dataset" and not 0 <= cfg.task.success_threshold <= 1:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
@@ -471,7 +472,7 @@ def unread_keys(cfg, overrides: list[str]) -> list[str]:
         for key in entry.keys:
             if key in typed and not entry.when(cfg):
                 has = " and ".join(f"{on}={_typed(_get(cfg, on))}" for on in entry.on)
-                sentences.append(f"{key}={_shown(_get(cfg, key))} is read only with {entry.by}, and this run has {has}")
+                sentences.append(f"{key}={as_command_line(_get(cfg, key))} is read only with {entry.by}, and this run has {has}")
     return sentences
 
 
@@ -497,12 +498,6 @@ def _check_typed_keys_are_read(cfg) -> None:
 def _typed(value) -> str:
     """A choice as the command line types it: booleans lowercase, text quoted (``loss.name='mse'``)."""
     return str(value).lower() if isinstance(value, bool) else repr(value)
-
-
-def _shown(value) -> str:
-    """A config value as it is typed on the command line (lists without quotes)."""
-    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    return str(list(value)).replace("'", "") if isinstance(value, (list, tuple)) else str(value)
 
 
 def _check_read(cfg, key: str, read: bool, why_not: str, how: str) -> None:

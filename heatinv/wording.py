@@ -1,9 +1,11 @@
-"""Words for the console and error messages: counts (``1 epoch``, ``3 epochs``) and the overrides to type."""
+"""Words for the console and error messages: counts (``1 epoch``, ``3 epochs``), values and overrides as typed."""
 
 from __future__ import annotations
 
 import re
 import shlex
+
+from omegaconf import OmegaConf
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -34,3 +36,14 @@ def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
     escaped = re.sub(r"(\\*)('|$)", lambda m: 2 * m.group(1) + ("\\'" if m.group(2) else ""), out)
     quoted = f"{key}='{escaped}'"
     return f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)
+
+
+def as_command_line(value) -> str:
+    """A config value as it is typed on the command line (lists without quotes).
+
+    Example:
+    >>> as_command_line(["square", 0]), as_command_line(0.5)
+    ('[square, 0]', '0.5')
+    """
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return str(list(value)).replace("'", "") if isinstance(value, (list, tuple)) else str(value)
