@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from heatinv.doctor.findings import Finding
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, Probe, SaliencyObjective, ends_in_softmax
+from heatinv.lrp import target_mask
 from heatinv.lrp.canonical import Elementwise, Linear, Pool
 
 DEAD_UNITS_FRACTION = 0.9
@@ -395,13 +396,8 @@ def dead_output(objective, steps, probe: Probe, label) -> list[Finding]:
 
 
 def _label_indices(label, outputs: np.ndarray) -> np.ndarray:
-    """``[batch]`` class indices from an int, ``[batch]`` or ``[batch, 1]`` ints, or one-hot ``[batch, classes]``."""
-    label = np.asarray(label)
-    if label.ndim == 2 and label.shape[-1] == 1 and outputs.shape[-1] > 1:
-        label = label.reshape(-1)
-    if label.ndim == 2:
-        return np.argmax(label, axis=-1)
-    return np.broadcast_to(label, (outputs.shape[0],)).astype(np.int64)
+    """``[batch]`` class indices of ``label`` in any form the explainer takes (:func:`heatinv.lrp.target_mask`)."""
+    return np.argmax(target_mask(label, tf.constant(outputs)).numpy(), axis=-1)
 
 
 def dead_units(steps, probe: Probe) -> list[Finding]:
