@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -46,15 +47,16 @@ def dense_model(dtype: str = "float32", seed: int = 0, final_activation: str | N
     return _randomize(model, np.random.default_rng(seed))
 
 
-def conv_model(dtype: str = "float32", seed: int = 0, pool: str = "max") -> keras.Model:
-    """Conv-BN-ReLU-Pool-Conv-ReLU-AvgPool-Flatten-Dense on 8x8x2 inputs, 3 classes (functional).
+def conv_model(dtype: str = "float32", seed: int = 0, pool: str = "max", channels: int = 2) -> keras.Model:
+    """Conv-BN-ReLU-Pool-Conv-ReLU-AvgPool-Flatten-Dense on 8x8x``channels`` inputs, 3 classes (functional).
 
     ``pool="average"`` swaps the max pooling out: XLA has no float64 kernel for the second
-    derivative of max pooling (MaxPoolGradGrad).
+    derivative of max pooling (MaxPoolGradGrad). ``channels=1`` (grayscale) takes the
+    first layer's transposed maps through ``single_channel_transpose``.
     """
     pooling = {"max": keras.layers.MaxPooling2D, "average": keras.layers.AveragePooling2D}[pool]
     keras.utils.set_random_seed(seed)
-    inputs = keras.Input((8, 8, 2), dtype=dtype)
+    inputs = keras.Input((8, 8, channels), dtype=dtype)
     h = keras.layers.Conv2D(4, 3, padding="same", dtype=dtype)(inputs)
     h = keras.layers.BatchNormalization(dtype=dtype)(h)
     h = keras.layers.ReLU(dtype=dtype)(h)
@@ -66,7 +68,7 @@ def conv_model(dtype: str = "float32", seed: int = 0, pool: str = "max") -> kera
     return _randomize(keras.Model(inputs, outputs), np.random.default_rng(seed))
 
 
-MODELS = {"dense": dense_model, "conv": conv_model}
+MODELS = {"dense": dense_model, "conv": conv_model, "conv_grayscale": functools.partial(conv_model, channels=1)}
 
 
 @pytest.fixture

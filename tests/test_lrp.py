@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from conftest import MODELS, conv_model, dense_model, inputs_for
 from heatinv.lrp import COMPOSITES, LRP, UnsupportedLayerError, relevance
-from heatinv.lrp.canonical import canonize
+from heatinv.lrp.canonical import canonize, single_channel_transpose
 from heatinv.lrp.propagate import forward
 
 
@@ -89,6 +89,34 @@ def test_second_order_gradient_matches_finite_differences(rng):
     assert np.abs(analytic.numpy()).max() > 0
 
 
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("size", [(3, 3), (2, 4)])
+def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative(padding, size, rng):
+    """The depthwise form of a map to one channel: its value, its gradients (written out) and their gradients."""
+    kernel = tf.constant(rng.normal(size=(*size, 1, 5)))
+    like_shape = [2, 7, 6, 1]
+    s_shape = tf.nn.convolution(tf.zeros(like_shape, tf.float64), kernel, padding=padding).shape
+    s, weights = tf.constant(rng.normal(size=s_shape)), tf.constant(rng.normal(size=like_shape))
+    v_s, v_kernel = tf.constant(rng.normal(size=s_shape)), tf.constant(rng.normal(size=kernel.shape))
+
+    def derivatives(transpose):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch([s, kernel])
+            with tf.GradientTape() as inner:
+                inner.watch([s, kernel])
+                value = transpose(s, kernel)
+                loss = tf.reduce_sum(tf.square(value) * weights)
+            to_s, to_kernel = inner.gradient(loss, [s, kernel])
+            directional = tf.reduce_sum(to_s * v_s) + tf.reduce_sum(to_kernel * v_kernel)
+        return [value, to_s, to_kernel, *outer.gradient(directional, [s, kernel])]
+
+    got = derivatives(lambda s, k: single_channel_transpose(s, k, padding))
+    want = derivatives(lambda s, k: tf.nn.conv_transpose(s, k, like_shape, 1, padding))
+    for name, g, w in zip(["value", "d/ds", "d/dkernel", "d2/ds", "d2/dkernel"], got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+        assert np.abs(w.numpy()).max() > 0.1, name
+
+
 def _step_outputs(model, lrp, target_map):
     def step(x):
         with tf.GradientTape() as tape:
@@ -99,11 +127,11 @@ def _step_outputs(model, lrp, target_map):
     return step
 
 
-@pytest.mark.parametrize("kind", ["dense", "conv"])
+@pytest.mark.parametrize("kind", ["dense", "conv", "conv_grayscale"])
 @pytest.mark.parametrize("composite", sorted(COMPOSITES))
 def test_eager_function_and_xla_agree(kind, composite, rng):
     """float64, so the comparison is not drowned by float32 rounding amplified by 1/z."""
-    model = dense_model("float64") if kind == "dense" else conv_model("float64", pool="average")
+    model = MODELS[kind]("float64") if kind == "dense" else MODELS[kind]("float64", pool="average")
     lrp = LRP(model, composite)
     x = tf.constant(inputs_for(model, rng))
     step = _step_outputs(model, lrp, tf.constant(rng.normal(0, 0.05, x.shape)))

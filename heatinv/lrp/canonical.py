@@ -247,6 +247,11 @@ class Linear:
         )
 
     def _convolve_transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+        layer = self.layer
+        if (
+            s.shape.rank == 4 and kernel.shape[-2] == 1 and set(layer.strides) == {1} and set(layer.dilation_rate) == {1}
+        ):
+            return single_channel_transpose(s, kernel, layer.padding.upper())
         # TensorFlow's float64 CPU kernel refuses dilation > 1, so dilate the kernel instead.
         return tf.nn.conv_transpose(
             s,
@@ -494,6 +499,55 @@ class Merge:
 
 
 Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge]
+
+
+def single_channel_transpose(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
+    """``W^T s`` of a stride-1 2D convolution with one input channel: a depthwise map of ``s`` summed over its channels.
+
+    oneDNN's kernels are slow for a map to one channel (16 channels to 1 at ``[256, 28, 28]``:
+    5.2 ms as ``conv_transpose``, 1.5 ms this way, on the 2-core CPU of
+    ``docs/notes/speed.md``). Equal to ``tf.nn.conv_transpose`` up to the order of the sums.
+    Its gradient is written out as the maps the transposed one is the adjoint of: the forward
+    convolution for ``s`` and the convolution's filter gradient for the kernel, both ordinary
+    ops, so it stays differentiable twice.
+
+    Args:
+        s: ``[batch, height, width, out_channels]``, the map's cotangent.
+        kernel: ``[kh, kw, 1, out_channels]``.
+        padding: the convolution's, ``"SAME"`` or ``"VALID"``.
+
+    Returns:
+        ``[batch, height', width', 1]``, shaped like the convolution's input.
+
+    Example:
+    >>> s, kernel = tf.random.normal([2, 5, 5, 4]), tf.random.normal([3, 3, 1, 4])
+    >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
+    >>> bool(tf.reduce_max(tf.abs(single_channel_transpose(s, kernel, "SAME") - expected)) < 1e-5)
+    True
+    """
+    # The transposed map of a stride-1 convolution is a convolution with the kernel flipped,
+    # padded by what the forward one left out on each side.
+    sizes = kernel.shape[:2]
+    if padding == "SAME":
+        pads = [[k - 1 - (k - 1) // 2, k - 1 - k // 2] for k in sizes]
+    else:
+        pads = [[k - 1, k - 1] for k in sizes]
+
+    @tf.custom_gradient
+    def transposed(s, kernel):
+        padded = tf.pad(s, [[0, 0], *pads, [0, 0]])
+        per_channel = tf.nn.depthwise_conv2d(padded, tf.reverse(kernel, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], "VALID")
+
+        def gradient(g):
+            to_s = tf.nn.convolution(g, kernel, padding=padding, data_format="NHWC")
+            to_kernel = tf.raw_ops.Conv2DBackpropFilter(
+                input=g, filter_sizes=tf.shape(kernel), out_backprop=s, strides=[1, 1, 1, 1], padding=padding
+            )
+            return to_s, to_kernel
+
+        return tf.reduce_sum(per_channel, -1, keepdims=True), gradient
+
+    return transposed(s, kernel)
 
 
 def dilate_kernel(kernel: tf.Tensor, rates: tuple[int, ...]) -> tf.Tensor:
