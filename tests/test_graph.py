@@ -292,6 +292,36 @@ def test_a_layer_called_twice_equals_two_layers_with_its_weights(rng):
                                    relevance(twin, x, 1, composite, low=-3, high=3).numpy(), rtol=1e-12)
 
 
+def test_a_max_pooling_called_twice_on_other_sizes_routes_each_call_by_its_own_input(rng):
+    """The layer's first call tiles its 8x8 input, the second (5x5, "same") does not: under XLA
+    each call is routed by its own input's shape, as in eager (it read the first call's shape)."""
+    keras.utils.set_random_seed(4)
+    pool, inputs = L.MaxPooling2D(2, padding="same"), keras.Input((8, 8, 3))
+    tiled = pool(L.Conv2D(4, 3, padding="same", activation="relu")(inputs))
+    padded = pool(L.Conv2D(4, 4, activation="relu")(inputs))
+    model = keras.Model(inputs, L.Dense(3)(L.Concatenate()([L.Flatten()(tiled), L.Flatten()(padded)])))
+    lrp, x = LRP(model, "epsilon"), tf.constant(rng.uniform(size=(2, 8, 8, 3)).astype("float32"))
+    eager = lrp(x, 1)
+    xla = tf.function(lambda v: lrp(v, 1), jit_compile=True)(x)
+    np.testing.assert_allclose(xla.numpy(), eager.numpy(), atol=1e-6 * float(tf.reduce_max(tf.abs(eager))))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_model_of_any_input_size_with_max_pooling_is_explained_in_a_trace_of_any_size(jit_compile, rng):
+    """A ``[None, None, None, 3]`` signature: the routings take the spatial sizes from the tensor."""
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([
+        keras.Input((None, None, 3)), L.Conv2D(4, 3, padding="same", activation="relu"), L.MaxPooling2D(2),
+        L.Conv2D(4, 3, activation="relu"), L.GlobalAveragePooling2D(), L.Dense(3),
+    ])
+    lrp = LRP(model, "epsilon")
+    traced = tf.function(lambda v: lrp(v, 1), input_signature=[tf.TensorSpec([None, None, None, 3])], jit_compile=jit_compile)
+    for size in (16, 11):  # 11: the pooling crops a row and a column
+        x = tf.constant(rng.uniform(size=(2, size, size, 3)).astype("float32"))
+        eager = lrp(x, 1)
+        np.testing.assert_allclose(traced(x).numpy(), eager.numpy(), atol=1e-6 * float(tf.reduce_max(tf.abs(eager))))
+
+
 def test_nested_functional_model_equals_the_flat_model(rng):
     flat = graph("residual")
     inner = keras.Model(flat.inputs, flat.layers[-2].output)  # everything but the Dense head

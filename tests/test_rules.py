@@ -847,7 +847,7 @@ def test_engine_float64_is_float64_throughout(cases: dict[str, Case], cid: str, 
 # XLA) and the comparisons/argmax (under XLA or with a GPU).
 ROUTINGS = {
     "gradient": winner_takes_all,
-    "comparisons": lambda a, relevance, pool: _route_to_winners(a, relevance, pool.window),
+    "comparisons": lambda a, relevance, pool: _route_to_winners(a, relevance, pool.window(a)),
 }
 
 
@@ -872,7 +872,7 @@ def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype, rou
     def pool(x):
         return tf.nn.max_pool2d(x, 2, 2, "VALID")
 
-    pool.window = (2, 2)
+    pool.window = lambda x: (2, 2)
     want = np.zeros((5, 5))
     want[0, 0], want[0, 2], want[2, 1], want[3, 3] = 10, 20, 30, 40
     got = ROUTINGS[routing](a, relevance, pool)
@@ -904,7 +904,7 @@ def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dt
     def pool(x):
         return tf.nn.max_pool2d(x, size, size, "VALID")
 
-    pool.window = (size, size)
+    pool.window = lambda x: (size, size)
     relevance, cotangent = tf.constant(relevance, dtype), tf.constant(cotangent, dtype)
     probe = tf.constant(rng.normal(size=relevance.shape), dtype)
     with tf.GradientTape() as outer:
@@ -934,7 +934,7 @@ def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_fi
     def pool(x):
         return tf.nn.max_pool2d(x, 2, 2, "VALID")
 
-    pool.window = (2, 2)
+    pool.window = lambda x: (2, 2)
     with tf.GradientTape() as tape:
         tape.watch(relevance)
         pairing = tf.reduce_sum(ROUTINGS[routing](a, relevance, pool) * cotangent)
@@ -949,7 +949,7 @@ def test_a_channels_first_max_pooling_has_no_window() -> None:
     for data_format, want in (("channels_first", None), ("channels_last", (2, 2))):
         layer = L.MaxPooling2D(2, data_format=data_format)
         keras.Sequential([keras.Input((4, 4, 4)), layer])
-        assert Pool(layer, "max").window == want
+        assert Pool(layer, "max").window(tf.zeros([1, 4, 4, 4])) == want
 
 
 def test_a_rule_mapping_with_a_key_its_rule_does_not_take_is_refused() -> None:

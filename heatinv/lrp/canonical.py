@@ -326,10 +326,10 @@ class Pool:
     def name(self) -> str:
         return self.layer.name
 
-    @property
-    def window(self) -> tuple[int, ...] | None:
-        """The pool size when windows tile the input without overlap or padding, else None.
+    def window(self, x: tf.Tensor) -> tuple[int, ...] | None:
+        """The pool size when windows tile ``x``, this call's input, without overlap or padding, else None.
 
+        Read from ``x``, not from the layer: a layer called twice sees inputs of other sizes.
         Channels-last layers only: the routings that use it lay out windows as ``[batch,
         ..., channels]``; a channels-first layer is routed through its own gradient.
         """
@@ -338,7 +338,7 @@ class Pool:
             return None
         if getattr(self.layer, "data_format", "channels_last") != "channels_last":
             return None
-        spatial = self.layer.input.shape[1:-1]
+        spatial = x.shape[1:-1]
         if self.layer.padding == "same" and any(d is None or d % s for d, s in zip(spatial, size)):
             return None
         return tuple(size)

@@ -434,7 +434,7 @@ def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tens
     its derivative gathers from the same inputs (``MaxPoolGradGrad``, or for square windows of
     a power-of-two size a cheaper equivalent, :func:`_route_by_pool_gradient`).
     Under XLA, or where a GPU is visible, windows that tile the input (``pool.window`` is
-    set: stride equal to pool size) are routed by comparisons instead (square 2-D windows,
+    set for this input: stride equal to pool size) are routed by comparisons instead (square 2-D windows,
     float16/32) or ``argmax`` (any other), with a selection, so that ties still go to the
     first input and the second derivative is exact: XLA's float32 kernel for the second
     derivative of max pooling packs values into 16 bits and was measured 10 % off, and it
@@ -444,7 +444,7 @@ def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tens
     # (through max pooling's gradient, differentiated, a zero gradient took another two
     # MaxPoolGrad ops per layer).
     a = tf.stop_gradient(a)
-    window = getattr(pool, "window", None)
+    window = pool.window(a) if hasattr(pool, "window") else None
     if window is None:
         return adjoint(pool, a, relevance)
     if _gradient_kernel_differs():
@@ -491,7 +491,7 @@ def _gradient_kernel_differs() -> bool:
 def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
     """Winner-takes-all for non-overlapping windows, with ordinary ops (ties: first in window)."""
     spatial = len(window)
-    sizes = a.shape[1 : 1 + spatial]
+    sizes = _spatial_sizes(a, spatial)
     outputs = [size // w for size, w in zip(sizes, window)]
     cropped = a[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(outputs, window))]
     # space_to_depth needs a block of at least 2, and TensorFlow's GPU kernels of it take
@@ -502,6 +502,12 @@ def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...
         routed = _route_by_argmax(cropped, relevance, window)
     padding = [[0, 0]] + [[0, size - o * w] for size, o, w in zip(sizes, outputs, window)] + [[0, 0]]
     return tf.pad(routed, padding)
+
+
+def _spatial_sizes(a: tf.Tensor, spatial: int) -> list:
+    """``a``'s spatial sizes: numbers where the trace knows them, scalar tensors where it does not (a model of any input size)."""
+    dynamic = tf.shape(a)
+    return [size if size is not None else dynamic[1 + i] for i, size in enumerate(a.shape[1 : 1 + spatial])]
 
 
 def _route_in_depth(a: tf.Tensor, relevance: tf.Tensor, size: int) -> tf.Tensor:
@@ -528,7 +534,7 @@ def _route_in_depth(a: tf.Tensor, relevance: tf.Tensor, size: int) -> tf.Tensor:
 def _route_by_argmax(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
     """Any window shape: ``argmax`` over each window's inputs, gathered by transposes."""
     spatial = len(window)
-    outputs = [size // w for size, w in zip(a.shape[1 : 1 + spatial], window)]
+    outputs = [size // w for size, w in zip(_spatial_sizes(a, spatial), window)]
     channels = a.shape[-1]
     # [B, o1, w1, o2, w2, ..., C] -> [B, o1, o2, ..., C, w1 * w2 * ...]
     split = [-1] + [d for o, w in zip(outputs, window) for d in (o, w)] + [channels]
