@@ -417,6 +417,38 @@ def test_attention_is_refused():
         relevance(model, np.ones((1, 4, 6), "float32"), 0)
 
 
+class _ShiftedConv(L.Conv2D):
+    def call(self, x):
+        return super().call(x) + 5.0
+
+
+class _DoubledDense(L.Dense):
+    def call(self, x):
+        return 2.0 * super().call(x)
+
+
+class _NamedDense(L.Dense):
+    """A subclass that keeps Dense's call: explained as a Dense."""
+
+
+@pytest.mark.parametrize("layer, parent", [(_ShiftedConv(4, 3, name="mine"), "Conv2D"), (_DoubledDense(4, name="mine"), "Dense")])
+def test_a_subclass_of_a_supported_layer_with_its_own_call_is_refused(layer, parent):
+    """It was explained as its parent: a model output of 6.26 gave a start of 0.07, silently."""
+    inputs = keras.Input((6, 6, 3)) if parent == "Conv2D" else keras.Input((5,))
+    x = layer(inputs)
+    model = keras.Model(inputs, L.Dense(2)(L.Flatten()(x) if parent == "Conv2D" else x))
+    with pytest.raises(UnsupportedLayerError, match=rf"'mine' of class {type(layer).__name__} extends {parent} but overrides call\(\)"):
+        LRP(model)
+
+
+def test_a_subclass_of_a_supported_layer_that_keeps_its_call_is_explained(rng):
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, L.Dense(2)(_NamedDense(4, activation="relu")(inputs)))
+    x = rng.normal(size=(2, 5)).astype("float32")
+    explanation = LRP(model, "zero").explain(x, 1)
+    np.testing.assert_allclose(explanation.outputs.numpy(), model(x).numpy(), rtol=1e-6)
+
+
 def test_unsupported_keras_op_is_refused():
     inputs = keras.Input((4,))
     model = keras.Model(inputs, L.Dense(2)(keras.ops.exp(L.Dense(3)(inputs))))

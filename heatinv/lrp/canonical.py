@@ -617,6 +617,7 @@ def canonize(model: keras.Model) -> list[Step]:
         layer = call.operation
         sources = tuple(step_of[source] for source in call.sources)
         single = call.sources[0] if len(call.sources) == 1 else None
+        _check_own_call(layer)
         if isinstance(layer, _VANISH):
             step_of[index] = sources[0]
             continue
@@ -668,6 +669,30 @@ def canonize(model: keras.Model) -> list[Step]:
             "inference mode; remove it from the end of the model."
         )
     return steps
+
+
+def _check_own_call(layer) -> None:
+    """Refuse a user's subclass of a supported layer whose ``call`` is its own.
+
+    Layers are matched to rules by class, so such a subclass would be explained as its
+    parent, a function other than the one the model computes.
+
+    Raises:
+        UnsupportedLayerError: the layer's class overrides ``call`` of the Keras (or heatinv) layer it extends.
+    """
+    if not isinstance(layer, keras.layers.Layer) or isinstance(layer, keras.Model):
+        return
+    cls = type(layer)
+    parent = next(c for c in cls.__mro__ if c.__module__.split(".")[0] in ("keras", "heatinv"))
+    if cls is parent or cls.call is parent.call or not _has_rule(parent):
+        return
+    raise UnsupportedLayerError(
+        f"Layer {layer.name!r} of class {cls.__name__} extends {parent.__name__} but overrides call(), so "
+        f"heatinv's rule for {parent.__name__} would explain another function than the one the layer "
+        "computes. Write what call() adds with supported layers (for example keras.layers.Add, Multiply, "
+        "Activation or Rescaling after the layer) and rebuild the model; or, if call() computes exactly what "
+        f"{parent.__name__} does, remove the override."
+    )
 
 
 def _has_rule(cls: type) -> bool:
