@@ -8,13 +8,15 @@ numbers in eager, ``tf.function`` and XLA.
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import MODELS, conv_model, dense_model, inputs_for
-from heatinv.lrp import COMPOSITES, LRP, UnsupportedLayerError, relevance
+from heatinv.lrp import COMPOSITES, LRP, NonFiniteHeatmapWarning, UnsupportedLayerError, relevance
 from heatinv.lrp.canonical import canonize, single_channel_transpose
 from heatinv.lrp.propagate import forward
 
@@ -115,6 +117,57 @@ def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative
     for name, g, w in zip(["value", "d/ds", "d/dkernel", "d2/ds", "d2/dkernel"], got, want):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
         assert np.abs(w.numpy()).max() > 0.1, name
+
+
+def _amplifying_chain(dtype: str) -> keras.Model:
+    """16 Dense(1)+ReLU layers whose pre-activation, 2^-10 each, is a 1024th of their input's contribution.
+
+    Every value is exact in float32, and LRP-0 multiplies relevance by 1024 at each layer:
+    1024^16 * 2^-9 overflows float32 and stays far inside float64.
+    """
+    model = keras.Sequential(
+        [keras.Input((1,), dtype=dtype)]
+        + [keras.layers.Dense(1, activation="relu", dtype=dtype) for _ in range(16)]
+        + [keras.layers.Dense(2, dtype=dtype)]
+    )
+    for k, layer in enumerate(model.layers[:-1]):
+        layer.set_weights([np.array([[1.0 if k == 0 else 1024.0]]), np.array([-(1 - 2.0**-10)])])
+    model.layers[-1].set_weights([np.array([[1.0, 2.0]]), np.zeros(2)])
+    return model
+
+
+def test_an_eager_heatmap_that_overflows_warns_with_its_cause_and_the_fix():
+    x = np.ones((2, 1))
+    with pytest.warns(NonFiniteHeatmapWarning, match=r"2 of 2 examples .*outputs are finite, so relevance left float32's range.*float64"):
+        heatmap = LRP(_amplifying_chain("float32"), "zero")(x.astype("float32"), 1)
+    assert not np.isfinite(heatmap.numpy()).any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonFiniteHeatmapWarning)
+        explanation = LRP(_amplifying_chain("float64"), "zero").explain(x, 1)
+    # each of the 16 layers multiplies by a w / z = 1024 (LRP-0's stabilizer: 1e-9 of z each)
+    np.testing.assert_allclose(explanation.relevance.numpy()[:, 0], explanation.start.numpy() * 2.0**160, rtol=1e-7)
+    assert float(explanation.relevance[0, 0]) > 1e45
+
+
+def test_an_eager_heatmap_of_a_model_with_nan_outputs_warns_that_the_outputs_are_nan():
+    model = dense_model("float32")
+    model.layers[-1].kernel.assign(np.full(model.layers[-1].kernel.shape, np.nan, "float32"))
+    with pytest.warns(NonFiniteHeatmapWarning, match=r"the model's own outputs are NaN or Inf"):
+        LRP(model, "epsilon")(np.ones((1,) + tuple(model.inputs[0].shape[1:]), "float32"), 0)
+
+
+def test_a_traced_heatmap_is_not_checked():
+    x = np.ones((2, 1), "float32")
+    lrp = LRP(_amplifying_chain("float32"), "zero")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonFiniteHeatmapWarning)
+        assert not np.isfinite(tf.function(lambda v: lrp(v, 1))(x).numpy()).any()
+
+
+def test_target_none_names_the_forms_and_the_predicted_class():
+    model = dense_model("float32")
+    with pytest.raises(ValueError, match=r"target=None: name the class to explain.*tf.argmax\(model\(x\), axis=-1\)"):
+        LRP(model)(np.ones((1,) + tuple(model.inputs[0].shape[1:]), "float32"), None)
 
 
 def _step_outputs(model, lrp, target_map):

@@ -6,6 +6,7 @@ about (``None`` where there is no path), and the forward pass the checks read.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import keras
@@ -13,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from heatinv.losses import heatmap_loss
-from heatinv.lrp import LRP, target_mask
+from heatinv.lrp import LRP, NonFiniteHeatmapWarning, target_mask
 from heatinv.lrp.canonical import Linear, canonize
 from heatinv.lrp.propagate import Forward, forward
 from heatinv.models import variable_tag, with_dtype
@@ -67,7 +68,9 @@ class HeatmapObjective:
             explainer = explainer.on(model)
         variables = model.trainable_variables
         loss_fn = heatmap_loss(self.loss, self.delta, self.normalize)
-        with tf.GradientTape() as tape:
+        # the doctor names non-finite heatmaps itself, with their cause
+        with tf.GradientTape() as tape, warnings.catch_warnings():
+            warnings.simplefilter("ignore", NonFiniteHeatmapWarning)
             explanation = explainer.explain(x, label)
             _check_broadcasts(np.shape(self.target), tuple(explanation.relevance.shape))
             loss = loss_fn(explanation.relevance, tf.cast(self.target, dtype))

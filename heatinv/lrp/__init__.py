@@ -16,6 +16,7 @@ eagerly, inside ``tf.function`` and with ``jit_compile=True``.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ __all__ = [
     "SUPPORTED",
     "Composite",
     "Explanation",
+    "NonFiniteHeatmapWarning",
     "UnsupportedLayerError",
     "canonize",
     "fold_batch_norm",
@@ -125,7 +127,12 @@ class LRP:
         return self.explain(x, target).relevance
 
     def explain(self, x, target) -> Explanation:
-        """The heatmap together with logits, outputs and the explained score."""
+        """The heatmap together with logits, outputs and the explained score.
+
+        Called eagerly, it warns (``NonFiniteHeatmapWarning``) when the heatmap has NaN or Inf
+        entries, naming whether the model's outputs were already non-finite or relevance left
+        the dtype's range on its way back; traced (``tf.function``), it checks nothing.
+        """
         x = model_input(x, self.model)
         fwd = forward(self.steps, x)
         mask = target_mask(target, fwd.logits)
@@ -138,7 +145,36 @@ class LRP:
             first = self.composite.first.keywords
             bounds = carry_bounds(self.steps, x, first.get("low", 0.0), first.get("high", 1.0))
         R = backward(self.steps, fwd, entering, self.composite, start, bounds)
+        if tf.executing_eagerly():
+            _warn_if_not_finite(R, fwd.logits)
         return Explanation(R, fwd.logits, fwd.outputs, tf.reduce_sum(entering, axis=-1))
+
+
+class NonFiniteHeatmapWarning(UserWarning):
+    """An eagerly computed heatmap has NaN or Inf entries."""
+
+
+def _warn_if_not_finite(relevance: tf.Tensor, logits: tf.Tensor) -> None:
+    per_example = tf.reshape(tf.math.is_finite(relevance), [relevance.shape[0], -1])
+    bad = int(tf.reduce_sum(tf.cast(~tf.reduce_all(per_example, axis=1), tf.int32)))
+    if not bad:
+        return
+    if not bool(tf.reduce_all(tf.math.is_finite(logits))):
+        cause = "the model's own outputs are NaN or Inf for these inputs; check the inputs and the weights"
+    else:
+        largest = np.finfo(relevance.dtype.as_numpy_dtype).max
+        cause = (
+            f"the model's outputs are finite, so relevance left {relevance.dtype.name}'s range (largest "
+            f"{largest:.3g}) on its way back, amplified where a rule divides by a pre-activation far smaller "
+            "than the contributions it sums. Explain the model in float64 to see the values (LRP(model, "
+            "composite).on(heatinv.models.with_dtype(model, 'float64')) on float64 inputs), or use rules that "
+            "stabilize more (a larger epsilon, or a composite with the gamma or alpha-beta rule for conv layers)"
+        )
+    warnings.warn(
+        f"The heatmap of {bad} of {relevance.shape[0]} examples has NaN or Inf entries: {cause}.",
+        NonFiniteHeatmapWarning,
+        stacklevel=3,
+    )
 
 
 def relevance(
@@ -245,6 +281,12 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
             "before it (Flatten or GlobalAveragePooling, then keras.layers.Dense(classes))."
         )
     classes, batch = logits.shape[-1], logits.shape[0]
+    if target is None:
+        raise ValueError(
+            "target=None: name the class to explain, as an int (every example), a [batch] vector of class "
+            f"indices or a one-hot [batch, {classes}]. For each example's predicted class: "
+            "target=tf.argmax(model(x), axis=-1)."
+        )
     target = tf.convert_to_tensor(target)
     if target.dtype.is_integer and target.shape.rank == 2 and target.shape[-1] == classes and classes > 1:
         target = tf.cast(target, logits.dtype)  # an integer one-hot
