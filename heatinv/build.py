@@ -564,13 +564,19 @@ def target_detail(target, class_names=None, like: int | None = None) -> str:
 
     ``like``: swap's class as an index, where ``target.like`` names it (:func:`like_class`).
     """
-    detail = {
-        "pattern": f"{target.pattern}" if target.pattern != "file" else f"file {target.path}",
-        "swap": f"like class {_class_name(target.like if like is None else like, class_names)}",
-        "suppress": f"top {target.top_k}",
-        "suppress_feature": f"{target.feature!r}",
-        "swap_features": f"{target.feature!r} like {target.like!r}",
-    }[target.kind]
+    match target.kind:
+        case "pattern":
+            detail = f"file {target.path}" if target.pattern == "file" else f"{target.pattern}"
+        case "swap":
+            detail = f"like class {_class_name(target.like if like is None else like, class_names)}"
+        case "suppress":
+            detail = f"top {target.top_k}"
+        case "suppress_feature":
+            detail = f"{target.feature!r}"
+        case "swap_features":
+            detail = f"{target.feature!r} like {target.like!r}"
+        case _:
+            raise ValueError(f"target.kind={target.kind!r}: not a dataset target kind.")
     return f"{target.kind} {detail}"
 
 

@@ -494,8 +494,9 @@ class DatasetTask:
             "the reference's weights" if self.cfg.init.kind == "reference"
             else "random weights (init=random: trained from scratch; init=reference fine-tunes the reference)"
         )
+        share = f", feature share {self.initial['feature_share']:.2%}" if "feature_share" in self.initial else ""
         log.info(
-            f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}, "
+            f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}{share}, "
             f"from {start}"
         )
 
@@ -667,4 +668,8 @@ class DatasetTask:
             f"heatinv: held-out cosine {metrics['cosine']:.4f}, success rate {metrics['success_rate']:.3f}; "
             f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}; "
             f"agreement {metrics['agreement']:.3f}"
+            + (
+                f"; feature share reference {metrics['reference_feature_share']:.2%}, student {metrics['feature_share']:.2%}"
+                if "feature_share" in metrics else ""
+            )
         )

@@ -9,6 +9,7 @@ paragraph naming the key and the value, and exit code 2 on the command line.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -666,15 +667,22 @@ def test_unknown_feature_lists_the_features(config):
 # --- runs ----------------------------------------------------------------------------------
 
 
-def test_dataset_task_on_a_table_reports_the_feature_share(composed):
-    cfg, out = composed("data=tabular", "task=dataset", "target=suppress_feature", "target.feature=worst area", "lrp=epsilon")
-    run(cfg)
+@pytest.mark.parametrize(
+    "target, described",
+    [(("target=suppress_feature",), "suppress_feature 'worst area' (all classes)"),
+     (("target=swap_features", "target.like=mean smoothness"), "swap_features 'worst area' like 'mean smoothness' (all classes)")],
+    ids=["suppress_feature", "swap_features"],
+)
+def test_dataset_task_on_a_table_reports_the_feature_share(composed, caplog, target, described):
+    cfg, out = composed("data=tabular", "task=dataset", *target, "target.feature=worst area", "lrp=epsilon")
+    with caplog.at_level(logging.INFO, logger="heatinv"):
+        run(cfg)
 
     metrics = json.load(open(out / "metrics.json"))
     assert 0 < metrics["reference_feature_share"] < 1 and 0 <= metrics["feature_share"] < 1
     assert 0 <= metrics["agreement"] <= 1
     assert (out / "heatmaps.png").exists()
-    assert metrics["target"] == "suppress_feature 'worst area' (all classes)"
+    assert metrics["target"] == described
     # the HParams row holds what a fairwashing sweep compares
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
@@ -688,6 +696,12 @@ def test_dataset_task_on_a_table_reports_the_feature_share(composed):
     per_epoch = events.Tensors("1_match_per_epoch/feature_share")
     assert [e.step for e in per_epoch] == list(range(0, cfg.task.epochs + 1))  # step 0: the start
     assert float(tensor_util.make_ndarray(per_epoch[-1].tensor_proto)) == pytest.approx(metrics["feature_share"], rel=1e-5)
+    # the console says the share before (the starting weights') and after, not only metrics.json
+    before = float(tensor_util.make_ndarray(per_epoch[0].tensor_proto))
+    assert f"heatinv: before: cosine {metrics['initial_cosine']:.3f}, " in caplog.text
+    assert f"feature share {before:.2%}, from " in caplog.text
+    assert (f"feature share reference {metrics['reference_feature_share']:.2%}, student {metrics['feature_share']:.2%}"
+            in caplog.text)
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,9 @@ def test_the_dataset_tasks_target_is_named_with_what_it_moves():
     assert named(kind="suppress", top_k=20) == "suppress top 20"
     assert named(kind="suppress_feature", feature="worst area") == "suppress_feature 'worst area'"
     assert named(kind="swap_features", feature="age", like="income") == "swap_features 'age' like 'income'"
+    # a table's classes have names too; only swap's like is a class, swap_features' is a feature
+    features = OmegaConf.create({"kind": "swap_features", "pattern": "frame", "path": None, "like": "income", "top_k": 50, "feature": "age"})
+    assert target_detail(features, ("low", "high")) == "swap_features 'age' like 'income'"
 
 
 def test_a_drawn_pattern_summing_below_zero_keeps_its_signs():
