@@ -459,11 +459,20 @@ class DatasetTask:
 
     def admissible(self, validation: dict[str, float]) -> bool:
         """Whether an epoch's validation metrics keep the reference's function closely enough to be chosen."""
-        task = self.cfg.task
-        return (
-            validation["agreement"] >= task.min_agreement
-            and validation["student_accuracy"] >= self.reference_validation_accuracy - task.max_accuracy_drop
-        )
+        return not self.outside_limits(validation)
+
+    def outside_limits(self, validation: dict[str, float]) -> list[str]:
+        """Each limit an epoch's validation metrics break, in words, e.g. ``agreement 0.950 < task.min_agreement=0.97``."""
+        task, reference = self.cfg.task, self.reference_validation_accuracy
+        broken = []
+        if validation["agreement"] < task.min_agreement:
+            broken.append(f"agreement {validation['agreement']:.3f} < task.min_agreement={task.min_agreement}")
+        if validation["student_accuracy"] < reference - task.max_accuracy_drop:
+            broken.append(
+                f"accuracy {validation['student_accuracy']:.3f} < {reference - task.max_accuracy_drop:.3f} (the reference's "
+                f"{reference:.3f} less task.max_accuracy_drop={task.max_accuracy_drop})"
+            )
+        return broken
 
     def _keep_if_best(self, epoch: int) -> dict[str, float]:
         """Validation metrics of the current weights; kept as the best when admissible with a higher cosine."""
@@ -539,9 +548,12 @@ class DatasetTask:
         if self.validation is not None:
             validation = self._keep_if_best(epoch)
             summaries.scalars(epoch, "validation", validation)
+            broken = self.outside_limits(validation)
             validation_note = (
                 f"  validation cosine {validation['cosine']:.3f} agreement {validation['agreement']:.3f} "
-                f"(best epoch {int(self.best_epoch) if np.isfinite(float(self.best_cosine)) else 'none yet'})"
+                f"accuracy {validation['student_accuracy']:.3f} "
+                + (f"(not admissible: {'; '.join(broken)}; " if broken else "(")
+                + f"best epoch {int(self.best_epoch) if np.isfinite(float(self.best_cosine)) else 'none yet'})"
             )
         if call.rare and "gradients" not in result:  # the loop logs weights with gradients where the step returns them
             summaries.histograms(epoch, self.variables)

@@ -362,6 +362,12 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
     assert metrics["best_epoch"] == best and metrics["best_validation_cosine"] == pytest.approx(cosine[best], abs=1e-6)
     if min_agreement == 0.0:
         assert best > 0, "a permissive limit must let training help the validation cosine"
+    for epoch in range(1, 5):  # each epoch's line says whether it was admissible, and which limit it broke
+        line = next(r.message for r in caplog.records if r.message.startswith(f"epoch {epoch}/4:"))
+        assert f"validation cosine {cosine[epoch]:.3f} agreement {agreement_[epoch]:.3f} accuracy {accuracy_[epoch]:.3f}" in line
+        assert ("not admissible" in line) == (epoch not in admissible), line
+        assert ("task.min_agreement" in line) == (agreement_[epoch] < min_agreement), line
+        assert ("task.max_accuracy_drop" in line) == (accuracy_[epoch] < accuracy_[0] - max_accuracy_drop), line
     if best > 0:  # the console names the epoch it kept (only a kept start was said)
         assert f"task.early_stopping: kept epoch {best} of 4 (validation cosine {cosine[best]:.4f}" in caplog.text
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
@@ -407,7 +413,8 @@ def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, ca
     with caplog.at_level("INFO"):
         metrics = run(cfg)
     assert metrics["best_epoch"] is None and metrics["best_validation_cosine"] is None
-    assert "(best epoch none yet)" in caplog.text and "(best epoch 0)" not in caplog.text  # the epoch lines agree
+    assert "best epoch none yet)" in caplog.text and "best epoch 0)" not in caplog.text  # the epoch lines agree
+    assert "(not admissible: agreement " in caplog.text and "task.min_agreement=1.0" in caplog.text
     assert json.loads((out / "metrics.json").read_text())["best_validation_cosine"] is None  # valid JSON, no -Infinity
     assert "neither the start nor any of the 2 epochs reached validation agreement 1.0" in caplog.text
     assert "the last epoch's weights are kept" in caplog.text and "init=reference" in caplog.text
