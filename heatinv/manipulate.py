@@ -64,6 +64,7 @@ from heatinv.feature_targets import feature_share
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
+from heatinv.lrp.reach import best_cosine, input_proportional_rule
 from heatinv.models import REFERENCE_SEED, validation_split
 from heatinv.outputs import write_run_files
 from heatinv.figures import Row, dataset_figure
@@ -507,6 +508,29 @@ class DatasetTask:
         log.info(
             f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}{share}, "
             f"from {start}"
+        )
+        self._warn_if_out_of_reach()
+
+    def _warn_if_out_of_reach(self) -> None:
+        """Say so where the rule cannot give the moved held-out images their targets, whatever the weights."""
+        rule = input_proportional_rule(self.explainer)
+        if rule is None:
+            return
+        bounds = np.concatenate(
+            [best_cosine(b.x[b.chosen], b.targets[b.chosen]) for b in self.problem.test_batches(self.parts.dataset)]
+        )
+        bounds = bounds[np.isfinite(bounds)]
+        threshold = self.cfg.task.success_threshold
+        below = int(np.sum(bounds < threshold))
+        if not below:
+            return
+        log.warning(
+            f"heatinv: the target is out of the rule's reach: lrp={self.cfg.lrp.composite} gives the first layer the "
+            f"{rule} rule, which shares relevance in proportion to the input, so every heatmap is 0 where the input is 0, "
+            f"whatever the weights. The target puts relevance there: the best held-out cosine any weights can reach is "
+            f"{bounds.mean():.3f} on average (at most {bounds.max():.3f}), below task.success_threshold={threshold} for "
+            f"{below} of the {count(len(bounds), 'moved held-out example')}. Give the first layer a rule that spreads "
+            "relevance by the weights: lrp=epsilon_gamma_box (zbox) or lrp=epsilon_plus_flat (flat)."
         )
 
     def calls(self, start: int) -> Iterator[Call]:
