@@ -154,9 +154,10 @@ def test_mirrored_on_two_replicas_makes_the_single_device_updates():
         assert len(single["weights"]) == len(mirrored["weights"]) == 6
         for a, b in zip(single["weights"], mirrored["weights"]):
             # One Adam step moves a weight by ~1e-3; a per-replica loss unit moves them ~5e-3 apart.
-            # Measured: 5e-7 (mse) and 1.1e-6 (huber, XLA) max abs difference after 2 epochs, the
-            # single-device fused Adam kernel and Keras's Adam (under the strategy) rounding differently.
-            np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
+            # Measured: 5e-7 (mse) and 1.1e-6 (huber, XLA) max abs difference after 2 epochs on an
+            # Intel Xeon, 3.9e-6 on an AMD EPYC (AVX2), the single-device fused Adam kernel and
+            # Keras's Adam (under the strategy) rounding differently.
+            np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-5)
         assert sorted(single["terms"]) == sorted(mirrored["terms"]) == [
             "2_train_per_epoch/cross_entropy", "2_train_per_epoch/heatmap", "2_train_per_epoch/logit_match", "2_train_per_epoch/loss"
         ]
@@ -164,4 +165,5 @@ def test_mirrored_on_two_replicas_makes_the_single_device_updates():
             np.testing.assert_allclose(mirrored["terms"][tag], values, rtol=1e-5, err_msg=tag)
         assert mirrored["metrics"]["steps"] == single["metrics"]["steps"]
         for key in ("cosine", "ssim", "student_accuracy"):
-            assert mirrored["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4), key
+            # an SSIM near 0.03 moved 3e-6 with the weights' rounding above (AMD EPYC): absolute too
+            assert mirrored["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-5), key
