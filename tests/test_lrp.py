@@ -222,7 +222,7 @@ def test_xla_float32_with_max_pooling_agrees_on_heatmap_and_loss(composite, rng)
 
 
 def test_max_pooling_routes_relevance_exactly_under_xla(rng):
-    from heatinv.lrp.rules import winner_takes_all
+    from heatinv.lrp.max_pool import winner_takes_all
 
     a = tf.constant(rng.normal(size=(2, 8, 8, 3)).astype("float32"))
     R = tf.constant(rng.normal(size=(2, 4, 4, 3)).astype("float32"))
@@ -441,7 +441,8 @@ def test_nested_sequential_is_expanded(rng):
 )
 def test_tiled_max_pooling_routes_like_its_gradient(shape, window, rng):
     """The argmax routing equals max pooling's own gradient (ties excluded by random inputs)."""
-    from heatinv.lrp.rules import adjoint, _route_to_winners
+    from heatinv.lrp.max_pool import _route_to_winners
+    from heatinv.lrp.rules import adjoint
 
     a = tf.constant(rng.normal(size=shape))
     pool = (lambda v: tf.nn.max_pool1d(v, window, window, "VALID")) if len(window) == 1 else (

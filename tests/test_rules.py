@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import numpy_lrp as ref
 from heatinv.layers import SoftplusBeta
-from heatinv.lrp.rules import _route_to_winners, winner_takes_all
+from heatinv.lrp.max_pool import _route_to_winners, max_pool_with_mask, winner_takes_all
 
 # ---------------------------------------------------------------------------
 # Helpers
@@ -939,6 +939,42 @@ def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_fi
         tape.watch(relevance)
         pairing = tf.reduce_sum(ROUTINGS[routing](a, relevance, pool) * cotangent)
     assert tape.gradient(pairing, relevance).numpy().ravel().tolist() == [2.0]
+    for value in (np.inf, np.nan):  # and the routing itself gives a non-finite relevance to the winner only
+        with tf.GradientTape() as tape:
+            non_finite = tf.constant([[[[value]]]])
+            tape.watch(non_finite)
+            routed = ROUTINGS[routing](a, non_finite, pool)[0, :, :, 0].numpy()
+        np.testing.assert_array_equal(routed, [[value, 0.0], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_forward_max_poolings_gradient_through_the_winners_mask_is_max_poolings_own(dtype, size) -> None:
+    """Where a tape records it, the forward pass's max pooling finds its winners' mask once and
+    spreads its cotangent to them: equal to TensorFlow's ``MaxPoolGrad``, ties (integer values)
+    and the row and column no window covers included, and an inf or NaN cotangent reaches
+    only its window's winner. Unrecorded, it finds no mask."""
+    rng = np.random.default_rng(size)
+    a = tf.constant(rng.integers(0, 4, size=(2, 9, 10, 3)), dtype)
+    cotangent = rng.normal(size=(2, 9 // size, 10 // size, 3))
+    cotangent[0, 0, 0, 0], cotangent[1, 1, 1, 2] = np.inf, np.nan
+    cotangent = tf.constant(cotangent, dtype)
+
+    def pool(x):
+        return tf.nn.max_pool2d(x, size, size, "VALID")
+
+    pool.window = lambda x: (size, size)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(a)
+        got, mask = max_pool_with_mask(pool, a)
+        want = pool(a)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(
+        tape.gradient(got, a, output_gradients=cotangent).numpy(), tape.gradient(want, a, output_gradients=cotangent).numpy()
+    )
+    winners_per_window = tf.nn.avg_pool2d(mask, size, size, "VALID") * size * size
+    np.testing.assert_array_equal(winners_per_window.numpy(), np.ones(cotangent.shape))
+    assert max_pool_with_mask(pool, a)[1] is None
 
 
 def test_a_channels_first_max_pooling_has_no_window() -> None:

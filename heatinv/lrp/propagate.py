@@ -27,6 +27,7 @@ from heatinv.lrp.canonical import (
 )
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
+from heatinv.lrp.max_pool import max_pool_with_mask, winner_takes_all
 from heatinv.lrp.rules import (
     UNSCALED_RULES,
     adjoint,
@@ -36,7 +37,6 @@ from heatinv.lrp.rules import (
     norm,
     product_rule,
     sum_rule,
-    winner_takes_all,
 )
 
 OUTPUTS = ("logit", "activation")
@@ -56,6 +56,9 @@ class Forward:
             last Dense/Conv step (or its reshaped output).
         values: the output of every step, ``values[i]`` from ``steps[i]`` (in a graph the
             next step's input may be another step's output).
+        masks: the winners' mask of each max pooling step, by step index, where the forward
+            pass found it (:func:`heatinv.lrp.max_pool.max_pool_with_mask`), else None; the
+            routing reuses it.
         outputs: the model's output (after any final activation): the last step's value.
     """
 
@@ -64,6 +67,7 @@ class Forward:
     products: list[tf.Tensor | None]
     logits: tf.Tensor
     values: list
+    masks: dict[int, tf.Tensor | None]
 
     @property
     def outputs(self) -> tf.Tensor:
@@ -74,6 +78,7 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
     """Run the steps in inference mode on ``x``, in ``x``'s dtype."""
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
+    masks = {}
     logits = None
     for i, step in enumerate(steps):
         operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
@@ -96,10 +101,14 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
         else:
             params.append(None)
             products.append(None)
-            values.append(step(a))
+            if isinstance(step, Pool) and step.kind == "max":
+                value, masks[i] = max_pool_with_mask(step, a)
+                values.append(value)
+            else:
+                values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, products, logits, values)
+    return Forward(inputs, params, products, logits, values, masks)
 
 
 def logit_step(steps: list[Step]) -> int:
@@ -316,7 +325,8 @@ def backward(
             continue  # nothing of the explained score flows through this step
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
         shares = _shares(
-            step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative, i in rectified
+            step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative, i in rectified,
+            fwd.masks.get(i),
         )
         for source, share in zip(step.sources, shares):
             if share is not None:
@@ -328,7 +338,7 @@ def backward(
 
 def _shares(
     step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
-    rectified: bool,
+    rectified: bool, mask=None,
 ) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
@@ -345,8 +355,9 @@ def _shares(
             known["rectified"] = True
         return [rule(a, kernel, bias, relevance, step, **known)]
     if isinstance(step, Pool):
-        redistribute = norm if step.kind == "average" else winner_takes_all
-        return [redistribute(a, relevance, step)]
+        if step.kind == "average":
+            return [norm(a, relevance, step)]
+        return [winner_takes_all(a, relevance, step, mask)]
     if isinstance(step, Reshape):
         return [tf.reshape(relevance, tf.shape(a))]
     if isinstance(step, Rearrange):

@@ -5,9 +5,9 @@ layer's own map (a matrix product for Dense, a convolution for Conv) evaluated w
 kernel and bias the rule chooses, and ``layer.transpose(s, W, x)`` its adjoint ``W^T s``
 (a transposed matrix product or a transposed convolution). So one rule serves dense and
 convolutional layers alike. Every operation is an ordinary TensorFlow op, differentiable
-twice, except two whose gradients are written out to be cheaper (the stabilized division,
-:func:`stabilized_ratio`, and max pooling's routing on the CPU), themselves made of
-ordinary ops.
+twice, except the stabilized division (:func:`stabilized_ratio`), whose gradient is written
+out to be cheaper, itself of ordinary ops. Max pooling's rule, winner takes all, is
+:mod:`heatinv.lrp.max_pool`.
 
 Rules that start from the layer's own ``z`` take ``product=a W`` from the forward pass, which
 has computed it already (the largest product of the rule, and its gradient, done once).
@@ -29,7 +29,6 @@ from typing import Callable, Protocol
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util  # whether a trace is XLA-compiled: no public API
 
 
 STABILIZER = 1e-6
@@ -424,131 +423,6 @@ def norm(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tens
     """Average pooling as a linear map without weights: ``R_in = a * P^T (R / stab(P a))``."""
     s = stabilized_ratio(relevance, pool(a), STABILIZER)
     return a * adjoint(pool, a, s)
-
-
-def winner_takes_all(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
-    """Max pooling: each output's relevance goes to the input that won the max (ties: the first).
-
-    Max pooling's own gradient does exactly that on a CPU: TensorFlow's CPU kernel
-    (``MaxPoolGrad``) hands each window's gradient to its first maximal input, row-major, and
-    its derivative gathers from the same inputs (``MaxPoolGradGrad``, or for square windows of
-    a power-of-two size a cheaper equivalent, :func:`_route_by_pool_gradient`).
-    Under XLA, or where a GPU is visible, windows that tile the input (``pool.window`` is
-    set for this input: stride equal to pool size) are routed by comparisons instead (square 2-D windows,
-    float16/32) or ``argmax`` (any other), with a selection, so that ties still go to the
-    first input and the second derivative is exact: XLA's float32 kernel for the second
-    derivative of max pooling packs values into 16 bits and was measured 10 % off, and it
-    has no float64 kernel at all; the GPU kernels' choice among ties is not checked here.
-    """
-    # The routing is piecewise constant in ``a``: no gradient flows to it, and none is computed
-    # (through max pooling's gradient, differentiated, a zero gradient took another two
-    # MaxPoolGrad ops per layer).
-    a = tf.stop_gradient(a)
-    window = pool.window(a) if hasattr(pool, "window") else None
-    if window is None:
-        return adjoint(pool, a, relevance)
-    if _gradient_kernel_differs():
-        return _route_to_winners(a, relevance, window)
-    size = window[0]
-    square = len(window) == 2 and window[1] == size > 1 and size & (size - 1) == 0
-    if square and a.dtype in (tf.float32, tf.float64):
-        return _route_by_pool_gradient(a, relevance, pool, size)
-    return adjoint(pool, a, relevance)
-
-
-def _route_by_pool_gradient(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor], size: int):
-    """Square 2-D windows of a power-of-two size that tile the input, on TensorFlow's CPU kernel.
-
-    The routing is max pooling's gradient (``MaxPoolGrad``); its derivative gathers each
-    window's winner, here as the window's sum of the winners' mask times the cotangent, an
-    average pooling times the area: one non-zero term, scaled by a power of two and back,
-    exact for float32/64 down to the smallest normal number times the area (below it, the
-    CPU flushes to zero anyway; float16, whose range ends far sooner, keeps TensorFlow's
-    kernel). The mask is the same kernel's routing of ones, so both directions pick the same
-    input among ties, and a losing input's cotangent is dropped even when it is not finite.
-    TensorFlow's own ``MaxPoolGradGrad`` finds the winners anew by a slower kernel: it was a
-    tenth of the cnn's inverse step at batch 256, this a third of that.
-    """
-
-    @tf.custom_gradient
-    def route(relevance):
-        def gradient(g):
-            mask = adjoint(pool, a, tf.ones_like(relevance))
-            picked = tf.math.multiply_no_nan(g, mask)  # 0 * inf at a losing input is 0, not NaN
-            return tf.nn.avg_pool2d(picked, size, size, "VALID") * (size * size)
-
-        return adjoint(pool, a, relevance), gradient
-
-    return route(relevance)
-
-
-def _gradient_kernel_differs() -> bool:
-    """Whether max pooling's gradient may not be TensorFlow's CPU kernel: under XLA, or with a GPU."""
-    in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    return in_xla or bool(tf.config.list_logical_devices("GPU"))
-
-
-def _route_to_winners(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
-    """Winner-takes-all for non-overlapping windows, with ordinary ops (ties: first in window)."""
-    spatial = len(window)
-    sizes = _spatial_sizes(a, spatial)
-    outputs = [size // w for size, w in zip(sizes, window)]
-    cropped = a[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(outputs, window))]
-    # space_to_depth needs a block of at least 2, and TensorFlow's GPU kernels of it take
-    # float16/32 only (float64 would run on the CPU, copied there and back, in every heatmap).
-    if spatial == 2 and window[0] == window[1] > 1 and a.dtype in (tf.float16, tf.float32):
-        routed = _route_in_depth(cropped, relevance, window[0])
-    else:
-        routed = _route_by_argmax(cropped, relevance, window)
-    padding = [[0, 0]] + [[0, size - o * w] for size, o, w in zip(sizes, outputs, window)] + [[0, 0]]
-    return tf.pad(routed, padding)
-
-
-def _spatial_sizes(a: tf.Tensor, spatial: int) -> list:
-    """``a``'s spatial sizes: numbers where the trace knows them, scalar tensors where it does not (a model of any input size)."""
-    dynamic = tf.shape(a)
-    return [size if size is not None else dynamic[1 + i] for i, size in enumerate(a.shape[1 : 1 + spatial])]
-
-
-def _route_in_depth(a: tf.Tensor, relevance: tf.Tensor, size: int) -> tf.Tensor:
-    """Square 2-D windows: ``space_to_depth`` lays each window's inputs side by side (row-major).
-
-    The first input equal to its window's maximum takes the relevance, and
-    ``depth_to_space`` puts the pieces back in place. Four-dimensional ops only: on the
-    cnn at batch 64 this took half the CPU time of :func:`_route_by_argmax`, whose six-
-    dimensional transposes and ``argmax`` over the window dominated the heatmap (with XLA
-    the two are within 1.3x of each other, both fast).
-    """
-    candidates = tf.split(tf.nn.space_to_depth(a, size), size * size, axis=-1)
-    best = functools.reduce(tf.maximum, candidates)
-    taken = tf.zeros_like(best, dtype=tf.bool)
-    pieces = []
-    for candidate in candidates[:-1]:
-        wins = tf.logical_and(tf.equal(candidate, best), tf.logical_not(taken))
-        pieces.append(tf.where(wins, relevance, tf.zeros_like(relevance)))
-        taken = tf.logical_or(taken, wins)
-    pieces.append(tf.where(taken, tf.zeros_like(relevance), relevance))  # the last input, where none before won
-    return tf.nn.depth_to_space(tf.concat(pieces, axis=-1), size)
-
-
-def _route_by_argmax(a: tf.Tensor, relevance: tf.Tensor, window: tuple[int, ...]) -> tf.Tensor:
-    """Any window shape: ``argmax`` over each window's inputs, gathered by transposes."""
-    spatial = len(window)
-    outputs = [size // w for size, w in zip(_spatial_sizes(a, spatial), window)]
-    channels = a.shape[-1]
-    # [B, o1, w1, o2, w2, ..., C] -> [B, o1, o2, ..., C, w1 * w2 * ...]
-    split = [-1] + [d for o, w in zip(outputs, window) for d in (o, w)] + [channels]
-    order = [0] + [1 + 2 * i for i in range(spatial)] + [1 + 2 * spatial] + [2 + 2 * i for i in range(spatial)]
-    windows = tf.transpose(tf.reshape(a, split), order)
-    area = 1
-    for w in window:
-        area *= w
-    windows = tf.reshape(windows, tf.concat([tf.shape(windows)[: spatial + 2], [area]], axis=0))
-    winners = tf.one_hot(tf.argmax(windows, axis=-1), area, dtype=relevance.dtype)
-    routed = winners * relevance[..., None]
-    routed = tf.reshape(routed, tf.concat([tf.shape(routed)[: spatial + 2], window], axis=0))
-    inverse = [0] + [x for i in range(spatial) for x in (1 + i, spatial + 2 + i)] + [1 + spatial]
-    return tf.reshape(tf.transpose(routed, inverse), [-1] + [o * w for o, w in zip(outputs, window)] + [channels])
 
 
 # Merge rules: a node that combines several tensors hands each operand its share of ``R``.
