@@ -713,6 +713,22 @@ def test_engine_rule_everywhere(cases: dict[str, Case], rid: str, spec: Any, ext
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("name", MAIN)
+@pytest.mark.parametrize("rid,spec,extra", [rule for rule in RULES if rule[0] in ("zplus", "alpha2_beta1", "gamma")])
+def test_engine_rule_on_an_input_of_one_sign(cases: dict[str, Case], rid: str, spec: Any, extra: dict,
+                                             name: str, dtype: type) -> None:
+    """The sign-split rules on a first layer whose input is >= 0 at run time (the other tests'
+    inputs have both signs) take their non-negative form; it must equal the reference's full
+    rule, which computes the a- terms (zero here) anyway."""
+    c = cases[name]
+    t = TARGET[: len(c.x)]
+    x = np.abs(c.x)
+    want = ref.relevance(c.model, x, t, everywhere(spec), **kw(c, **extra))
+    got = engine(c.model, x.astype(dtype), t, composite=everywhere(spec), **kw(c, **extra))
+    assert_matches(got, want, dtype, f"rule {rid} on {name}, input >= 0")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("name", MAIN)
 @pytest.mark.parametrize("composite", NAMED)
 def test_engine_named_composite(cases: dict[str, Case], composite: str, name: str, dtype: type) -> None:
     c = cases[name]

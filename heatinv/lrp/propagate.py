@@ -336,6 +336,22 @@ def backward(
     return pending[MODEL_INPUT]
 
 
+def _checking_the_sign(rule, a: tf.Tensor, kernel, bias, relevance: tf.Tensor, step: Linear, known: dict) -> tf.Tensor:
+    """``rule``'s relevance on a first layer, whose input's sign the graph does not tell.
+
+    A batch that is ``>= 0`` at run time (images in [0, 1]) takes the rule's non-negative
+    form, which skips the ``a-`` terms, exactly zero there: with ``epsilon_alpha2_beta1``
+    the cnn's inverse step took 0.91-0.93 of the time. Deeper layers whose input is not a
+    ReLU's (the linear bottlenecks of MobileNetV2) are left alone: their inputs have both
+    signs, and a check would only add its branch to the trace.
+    """
+    return tf.cond(
+        tf.reduce_all(a >= 0),
+        lambda: rule(a, kernel, bias, relevance, step, nonnegative=True, **known),
+        lambda: rule(a, kernel, bias, relevance, step, **known),
+    )
+
+
 def _shares(
     step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
     rectified: bool, mask=None,
@@ -353,6 +369,8 @@ def _shares(
             known["nonnegative"] = True
         if rectified and rule.takes_rectified:
             known["rectified"] = True
+        if rule.takes_sign and is_first and "nonnegative" not in known:
+            return [_checking_the_sign(rule, a, kernel, bias, relevance, step, known)]
         return [rule(a, kernel, bias, relevance, step, **known)]
     if isinstance(step, Pool):
         if step.kind == "average":
