@@ -71,7 +71,7 @@ from heatinv.figures import Row, dataset_figure
 from heatinv.similarity import cosine, per_sample_similarity
 from heatinv.step import compile_step, gradient_stats, mode_for, optimizer_from
 from heatinv.summaries import TRAIN, Summaries
-from heatinv.wording import count
+from heatinv.wording import count, out_of_reach
 
 TERMS = ("heatmap", "cross_entropy", "logit_match")
 
@@ -524,14 +524,12 @@ class DatasetTask:
         below = int(np.sum(bounds < threshold))
         if not below:
             return
-        log.warning(
-            f"heatinv: the target is out of the rule's reach: lrp={self.cfg.lrp.composite} gives the first layer the "
-            f"{rule} rule, which shares relevance in proportion to the input, so every heatmap is 0 where the input is 0, "
-            f"whatever the weights. The target puts relevance there: the best held-out cosine any weights can reach is "
-            f"{bounds.mean():.3f} on average (at most {bounds.max():.3f}), below task.success_threshold={threshold} for "
-            f"{below} of the {count(len(bounds), 'moved held-out example')}. Give the first layer a rule that spreads "
-            "relevance by the weights: lrp=epsilon_gamma_box (zbox) or lrp=epsilon_plus_flat (flat)."
+        reach = (
+            f"the best held-out cosine any weights can reach is {bounds.mean():.3f} on average (at most "
+            f"{bounds.max():.3f}), below task.success_threshold={threshold} for {below} of the "
+            f"{count(len(bounds), 'moved held-out example')}."
         )
+        log.warning(out_of_reach(self.cfg.lrp.composite, rule, reach))
 
     def calls(self, start: int) -> Iterator[Call]:
         per_epoch = self.steps_per_epoch

@@ -20,15 +20,19 @@ from heatinv.build import Parts, explainer_for, single_target
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import HeatmapMatch, heatmap_loss
+from heatinv.lrp.reach import best_cosine, input_proportional_rule
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
 from heatinv.figures import feature_figure, heatmap_figure
 from heatinv.similarity import cosine_numpy, similarity_numpy
 from heatinv.step import compile_step, mode_for, optimizer_from, schedule
 from heatinv.summaries import Summaries
-from heatinv.wording import count
+from heatinv.wording import count, out_of_reach
 
 log = logging.getLogger(__name__)
+
+REACH_WARNING = 0.99
+"""The best reachable cosine below which the task warns that its target is out of the rule's reach."""
 
 NOTHING_TO_LEARN = ("zero-residual", "dead-output", "vanished-signal", "all-zero")
 """Findings that leave the step nothing to follow: a run with one of them stops before step 1."""
@@ -73,11 +77,26 @@ class SingleTask:
         self.stopped_before_start = any(finding.code in NOTHING_TO_LEARN for finding in self.findings)
         if self.findings and not self.stopped_before_start:  # a stopped run's report is its error message
             log.warning(format_report(self.findings, "before the first update"))
+        self._warn_if_out_of_reach()
         if self.stopped_before_start:
             # Exact zeros in eager can be rounding noise in the compiled step, which Adam would
             # blow up into full-size steps: stop before the first update instead.
             self.total = 0
         self.what = f"optimizing the heatmap ({count(self.total, 'step')})"
+
+    def _warn_if_out_of_reach(self) -> None:
+        """Say so where the rule cannot give the image its target, whatever the weights.
+
+        Below a best cosine of :data:`REACH_WARNING`: a target with a trace of relevance on
+        the image's zeros (a blurred map) still lets the run get within a hundredth of 1.
+        """
+        rule = input_proportional_rule(self.explainer)
+        if rule is None:
+            return
+        bound = float(best_cosine(self.target.image, self.target.heatmap)[0])
+        if bound < REACH_WARNING:
+            reach = f"the best cosine any weights can reach is {bound:.3f}."
+            log.warning(out_of_reach(self.cfg.lrp.composite, rule, reach))
 
     def diagnose(self) -> list:
         objective = HeatmapObjective(self.target.heatmap, self.explainer, self.cfg.loss.name, self.cfg.loss.delta, self.cfg.loss.normalize)

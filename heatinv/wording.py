@@ -47,3 +47,21 @@ def as_command_line(value) -> str:
     """
     value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     return str(list(value)).replace("'", "") if isinstance(value, (list, tuple)) else str(value)
+
+
+def out_of_reach(composite: str, rule: str, reach: str) -> str:
+    """The warning for a target that the first layer's rule cannot reach, whatever the weights.
+
+    ``reach`` says the best cosine and to what it falls short, in the task's words.
+
+    Example:
+    >>> print(out_of_reach("epsilon", "epsilon", "the best cosine any weights can reach is 0.500.").split(", which")[0])
+    heatinv: the target is out of the rule's reach: lrp=epsilon gives the first layer the epsilon rule
+    """
+    return (
+        f"heatinv: the target is out of the rule's reach: lrp={composite} gives the first layer the {rule} rule, which "
+        "shares relevance in proportion to the input, so every heatmap is 0 where the input is 0, whatever the weights. "
+        f"The target puts relevance there: {reach} Give the first layer a rule that spreads relevance by the weights: "
+        "lrp=epsilon_gamma_box (zbox) or lrp=epsilon_plus_flat (flat)."
+    )
+

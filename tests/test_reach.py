@@ -80,3 +80,22 @@ def test_a_target_out_of_the_rules_reach_is_named_at_the_start(composed, caplog)
     with caplog.at_level("INFO", logger="heatinv"):
         metrics = run(cfg)
     assert "out of the rule's reach" not in caplog.text and metrics["cosine"] > 0.1
+
+
+def test_the_single_task_names_a_target_out_of_reach_with_its_bound(composed, caplog):
+    """The main job's task: a frame around a digit lies on pixels that are 0, which LRP-epsilon's
+    heatmap cannot reach; the warning's bound is the image's own, and the run stays below it."""
+    from heatinv.train import run
+
+    cfg, _ = composed("target=pattern", "target.pattern=frame", "lrp=epsilon")
+    with caplog.at_level("INFO", logger="heatinv"):
+        metrics = run(cfg)
+    warning = next(r.message for r in caplog.records if "out of the rule's reach" in r.message)
+    bound = float(warning.split("the best cosine any weights can reach is ")[1][:5])
+    assert "lrp=epsilon gives the first layer the epsilon rule" in warning and "lrp=epsilon_gamma_box" in warning
+    assert bound < 0.99 and metrics["cosine"] <= bound + 1e-3
+    caplog.clear()
+    cfg, _ = composed("target=pattern", "target.pattern=frame", "lrp=epsilon_gamma_box")
+    with caplog.at_level("INFO", logger="heatinv"):
+        run(cfg)
+    assert "out of the rule's reach" not in caplog.text
