@@ -168,9 +168,10 @@ class Linear:
 
     @property
     def stackable(self) -> bool:
-        """Whether the rules compute their several maps as one, kernels side by side.
+        """Whether the rules may compute their several maps as one, kernels side by side.
 
-        True for a Conv without groups: one convolution instead of two or three. A
+        True for a Conv without groups: one convolution instead of two or three, where the
+        kernel is small next to the input (:func:`heatinv.lrp.rules.stacks` decides per call). A
         depthwise or grouped map ties its outputs to input channels, so stacking would mix
         them. Dense is left unstacked: a product's cost is its kernel's bytes either way,
         and stacking adds a copy of the kernel per call; the mlp's z^B heatmap at batch 1
