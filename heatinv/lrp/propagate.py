@@ -354,7 +354,7 @@ def _checking_the_sign(rule, a: tf.Tensor, kernel, bias, relevance: tf.Tensor, s
 
 def _shares(
     step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
-    rectified: bool, mask=None,
+    rectified: bool, mask: tf.Tensor | None = None,
 ) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
