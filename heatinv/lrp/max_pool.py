@@ -48,7 +48,7 @@ def winner_takes_all(
     size = mask_window(pool, a)
     if size is None or not record.should_record_backprop([relevance]):
         return adjoint(pool, a, relevance)  # nothing differentiates it: MaxPoolGrad alone is cheapest
-    return _route_through_mask(relevance, winners_mask(pool, a) if mask is None else mask, size, a)
+    return _route_through_mask(relevance, winners_mask(pool, a) if mask is None else mask, size)
 
 
 def mask_window(pool: Callable[[tf.Tensor], tf.Tensor], a: tf.Tensor) -> int | None:
@@ -96,14 +96,14 @@ def max_pool_with_mask(pool: Callable[[tf.Tensor], tf.Tensor], a: tf.Tensor) -> 
     @tf.custom_gradient
     def pooled(a):
         def gradient(g):
-            return tf.math.multiply_no_nan(_spread_over_windows(g, size, a), mask)
+            return _to_winners(g, mask, size)
 
         return pool(a), gradient
 
     return pooled(a), mask
 
 
-def _route_through_mask(relevance: tf.Tensor, mask: tf.Tensor, size: int, like: tf.Tensor) -> tf.Tensor:
+def _route_through_mask(relevance: tf.Tensor, mask: tf.Tensor, size: int) -> tf.Tensor:
     """Square 2-D windows of a power-of-two size that tile the input, on TensorFlow's CPU kernel.
 
     The routing is the relevance spread to the winners of ``mask`` (:func:`winners_mask`,
@@ -123,9 +123,14 @@ def _route_through_mask(relevance: tf.Tensor, mask: tf.Tensor, size: int, like: 
             picked = tf.math.multiply_no_nan(g, mask)  # 0 * inf at a losing input is 0, not NaN
             return tf.nn.avg_pool2d(picked, size, size, "VALID") * (size * size)
 
-        return tf.math.multiply_no_nan(_spread_over_windows(relevance, size, like), mask), gradient
+        return _to_winners(relevance, mask, size), gradient
 
     return route(relevance)
+
+
+def _to_winners(values: tf.Tensor, mask: tf.Tensor, size: int) -> tf.Tensor:
+    """Each of ``values`` spread over its window and kept at the window's winner in ``mask`` (a loser's inf or NaN dropped)."""
+    return tf.math.multiply_no_nan(_spread_over_windows(values, size, mask), mask)
 
 
 def _spread_over_windows(relevance: tf.Tensor, size: int, like: tf.Tensor) -> tf.Tensor:
