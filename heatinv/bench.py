@@ -29,7 +29,8 @@ Variants:
     (``xla_loop=False``), ``multi_step_xla_loop`` compiles the loop into the XLA program
     (``xla_loop=True``); ``compile_step``'s default picks the latter for the mlp and the
     former for the cnn. Each record's ``auto_pick`` is what ``trainer.jit_compile=auto``
-    picks for the case (:func:`heatinv.step.auto_mode`), and the ratios compare that pick
+    picks for the case in a run long enough for XLA (:func:`heatinv.step.auto_mode`; a
+    shorter run gets the graph step, whose compiling is shorter), and the ratios compare that pick
     with the other mode as the trainer runs it: at batch 1 (``task=single``, one image)
     the multi-step loops, at larger batches (only ``task=dataset`` has them, one update per
     call) ``compiled`` and ``compiled_xla``. ``multi_step_xla_loop`` is skipped for the cnn unless named in
@@ -50,7 +51,8 @@ Variants:
 ``main_job`` (``--main-job SHORT,LONG``, on by default outside ``--quick``)
     the main job as a user runs it, ``python -m heatinv.train`` with the default
     configuration (mlp, epsilon_gamma_box, batch 1), run for SHORT and for LONG steps in
-    fresh processes: the loop's wall time per step of the difference (from the runs'
+    fresh processes (by default 2000 and 4000: runs long enough for ``auto`` to pick XLA,
+    :data:`heatinv.step.XLA_MIN_UPDATES`): the loop's wall time per step of the difference (from the runs'
     ``metrics.json``), summaries, checkpoints and logging included, start-up and the
     first (compiling) call excluded; see :func:`main_job`.
 
@@ -532,7 +534,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=_list(int),
         default=None,
         help="SHORT,LONG: time `python -m heatinv.train` with the defaults for SHORT and LONG steps and "
-        "report the wall time per step of the difference (default 100,1100; 0 to skip; quick: skipped)",
+        "report the wall time per step of the difference (default 2000,4000, runs long enough for "
+        "trainer.jit_compile=auto to pick XLA; 0 to skip; quick: skipped)",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"the JSON file to write (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
@@ -547,11 +550,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.composites = args.composites or (("epsilon",) if quick else COMPOSITES)
     args.batches = args.batches or ((1, 64) if quick else BATCHES)
     if args.main_job is None:
-        args.main_job = () if quick else (100, 1100)
+        args.main_job = () if quick else (2000, 4000)
     elif args.main_job == (0,):
         args.main_job = ()
     elif len(args.main_job) != 2 or not 0 < args.main_job[0] < args.main_job[1]:
         parser.error(f"--main-job: expected SHORT,LONG with 0 < SHORT < LONG, got {args.main_job}")
+    else:
+        from heatinv.step import XLA_MIN_UPDATES
+
+        if args.main_job[0] < XLA_MIN_UPDATES <= args.main_job[1]:
+            parser.error(
+                f"--main-job {args.main_job[0]},{args.main_job[1]}: trainer.jit_compile=auto runs XLA from {XLA_MIN_UPDATES} "
+                "steps, so the two runs would run different steps and their difference would be no step's time; give "
+                f"two lengths on one side of it (e.g. {XLA_MIN_UPDATES + 500},{XLA_MIN_UPDATES + 2500})"
+            )
     args.all_variants = args.variants is None
     args.variants = args.variants or VARIANTS
     args.repeats = args.repeats or (3 if quick else 5)
@@ -566,7 +578,9 @@ def main_job(short: int, long: int, overrides: tuple[str, ...] = ()) -> dict:
 
     Runs the command twice, for ``short`` and ``long`` steps, in fresh processes (their own
     output folders in a temporary directory), and reports the loop's wall time per step of
-    the difference, from each run's ``metrics.json``: ``loop_seconds`` less the first call
+    the difference, from each run's ``metrics.json`` (both runs must pick the same step:
+    ``trainer.jit_compile=auto`` picks XLA from :data:`heatinv.step.XLA_MIN_UPDATES` steps):
+    ``loop_seconds`` less the first call
     (which traces and compiles the step, and whose time a loaded machine makes vary by
     seconds), so everything the loop does per step stays (the step, summaries, checkpoints,
     logging) while start-up, model building, compiling and the final outputs cancel. The
@@ -578,11 +592,13 @@ def main_job(short: int, long: int, overrides: tuple[str, ...] = ()) -> dict:
         ``jit`` says whether the job's step ran with XLA (``metrics.json``'s ``xla_why``).
 
     Example:
-    >>> record = main_job(100, 1100)  # doctest: +SKIP
+    >>> record = main_job(2000, 4000)  # doctest: +SKIP
     """
     import json
     import subprocess
     import tempfile
+
+    from heatinv.step import XLA_MIN_UPDATES
 
     wall, metrics = {}, {}
     with tempfile.TemporaryDirectory() as folder:
@@ -596,6 +612,12 @@ def main_job(short: int, long: int, overrides: tuple[str, ...] = ()) -> dict:
                 raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
             with open(os.path.join(out, "metrics.json")) as f:
                 metrics[steps] = json.load(f)
+    if metrics[short].get("xla_why") != metrics[long].get("xla_why"):
+        raise ValueError(
+            f"--main-job {short},{long}: the two runs ran different steps ({short} steps: {metrics[short].get('xla_why')!r}; "
+            f"{long} steps: {metrics[long].get('xla_why')!r}), so their difference is no step's time. trainer.jit_compile=auto "
+            f"picks by the run's length (XLA from {XLA_MIN_UPDATES} steps): give two lengths on one side of it."
+        )
     loop = {steps: m["loop_seconds"] - (m["first_call_seconds"] or 0.0) for steps, m in metrics.items()}
     ms = (loop[long] - loop[short]) * 1e3 / (long - short)
     summaries = (metrics[long]["summaries_seconds"] - metrics[short]["summaries_seconds"]) * 1e3 / (long - short)

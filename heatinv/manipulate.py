@@ -353,7 +353,8 @@ class DatasetTask:
             self.optimizer = optimizer_from(cfg.optimizer, self._learning_rate())
             self.explainer = explainer_for(self.student, cfg)
             self.compiled = compile_step(
-                self.student, self.explainer, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size
+                self.student, self.explainer, objective, self.optimizer, mode_for(cfg.trainer.jit_compile), batch=task.batch_size,
+                updates=self.total,
             )
             self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:

@@ -67,6 +67,7 @@ class SingleTask:
             mode_for(cfg.trainer.jit_compile),
             steps_per_execution=cfg.trainer.steps_per_execution,
             batch=int(self.x.shape[0]),
+            updates=cfg.trainer.steps,  # the whole run's, not a resume's rest: a resumed run picks as it did
         )
         log.info(f"heatinv: the step runs {'with' if self.compiled.mode == 'xla' else 'without'} XLA ({self.compiled.why})")
         self.variables = self.student.trainable_variables

@@ -464,12 +464,27 @@ def _convolutional(explainer: LRP) -> bool:
 XLA_MAX_CONV_WEIGHTS = 1_000_000
 """Convolutional chains up to this many weights get XLA at batch 1 (see :func:`auto_mode`)."""
 
+XLA_MIN_UPDATES = 1500
+"""A run of fewer updates than this gets no XLA: its compiling would take longer than it saves (see :func:`auto_mode`)."""
 
-def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple[str, str]:
-    """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model and batch.
+
+def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates: int | None = None) -> tuple[str, str]:
+    """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model, batch and run length.
 
     XLA at batch 1 for a chain of layers (no merge) that, if it convolves, has at most
-    :data:`XLA_MAX_CONV_WEIGHTS` weights; no XLA otherwise. The rule follows the bench
+    :data:`XLA_MAX_CONV_WEIGHTS` weights, in a run of at least :data:`XLA_MIN_UPDATES`
+    updates (``updates``; None: a run long enough); no XLA otherwise.
+
+    The run's length counts because XLA's compiling is paid once and its gain per update:
+    the main job (mlp, epsilon_gamma_box, batch 1, 25 updates per call) spent 4.3-4.7 s in
+    its first call with XLA against 0.8-1.0 s without, and 1.0-1.3 ms per later update
+    against 3.4-4.2 ms, so its loop took 5.4 / 2.4 s at 300 steps (the default), 6.4 / 4.8 s
+    at 1000, 7.1 / 8.7 s at 2000 and 9.9 / 16.9 s at 4000 with / without XLA (2-core AMD
+    EPYC, ``python -m heatinv.train trainer.steps=N trainer.jit_compile=true|false``, two
+    runs each); on the Intel Xeon of earlier runs the job's first call took 1.5-1.7 s with
+    XLA, whose updates (0.4-0.6 ms) took 0.33-0.48x the graph step's, which puts the
+    break-even there, estimated, at 1000-2500 updates. The cnn at batch 1 (300 steps):
+    6.9 s of loop with XLA, 2.8 s without. The rest of the rule follows the bench
     (``python -m heatinv.bench ... --steps-per-execution 25``, README "Benchmarks", 2 CPU
     cores, epsilon_gamma_box):
 
@@ -488,11 +503,14 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple
     - models with merges (ResNet50, MobileNetV2): their heatmaps took 2-7x the time with XLA
       at batch 1.
 
-    ``steps_per_execution`` only names the loop in ``why``.
+    ``steps_per_execution`` only names the loop in ``why``. The run's length is checked
+    last, so ``why`` names it only where it decides.
 
     Example:
     >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
     ('xla', 'batch 1, a chain of layers, 25 updates per call')
+    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25, updates=300)  # doctest: +SKIP
+    ('function', "300 updates, fewer than the 1500 that repay XLA's compiling, 25 updates per call")
     """
     calls = f"{steps_per_execution} update{'s' if steps_per_execution > 1 else ''} per call"
     if any(isinstance(step, Merge) for step in explainer.steps):
@@ -502,6 +520,8 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1) -> tuple
     weights = explainer.model.count_params()
     if _convolutional(explainer) and weights > XLA_MAX_CONV_WEIGHTS:
         return "function", f"a convolutional model of {weights} weights, {calls}"
+    if updates is not None and updates < XLA_MIN_UPDATES:
+        return "function", f"{updates} updates, fewer than the {XLA_MIN_UPDATES} that repay XLA's compiling, {calls}"
     return "xla", f"batch 1, a chain of layers, {calls}"
 
 
@@ -515,12 +535,14 @@ def compile_step(
     *,
     xla_loop: bool | None = None,
     batch: int | None = None,
+    updates: int | None = None,
 ) -> CompiledStep:
     """``step(x, label, target, *extra, steps=None)``: :func:`update` run eagerly, as a graph, or with XLA.
 
     ``mode="auto"`` (``trainer.jit_compile=auto``) picks ``xla`` or ``function`` by
-    :func:`auto_mode` for the model and ``batch``, and falls back to ``function`` when XLA
-    cannot compile the step (see :class:`CompiledStep`).
+    :func:`auto_mode` for the model, ``batch`` and the run's ``updates`` (None: a run long
+    enough for XLA), and falls back to ``function`` when XLA cannot compile the step (see
+    :class:`CompiledStep`).
 
     With ``steps_per_execution=N > 1`` one call runs ``N`` updates inside one compiled
     ``tf.while_loop`` (one dispatch, one host read of the loss per ``N`` steps); in ``xla``
@@ -545,7 +567,7 @@ def compile_step(
     if mode == "auto":
         if batch is None:
             raise ValueError("mode='auto' needs the batch size (batch=...): the rule depends on it.")
-        mode, reason = auto_mode(explainer, batch, int(steps_per_execution))
+        mode, reason = auto_mode(explainer, batch, int(steps_per_execution), updates)
         why, fallback = f"trainer.jit_compile=auto: {reason}", True
     return CompiledStep(student, explainer, objective, optimizer, mode, int(steps_per_execution), xla_loop, why, fallback)
 

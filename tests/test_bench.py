@@ -77,7 +77,7 @@ def test_ratios_and_quick_defaults():
     assert not rows[("main_job steps/s at batch 1", 1)]["met"]  # 1000 steps/s < 2000
     args = parse_args(["--quick"])
     assert args.models == ("mlp",) and args.repeats < parse_args([]).repeats
-    assert args.main_job == () and parse_args([]).main_job == (100, 1100) and parse_args(["--main-job", "0"]).main_job == ()
+    assert args.main_job == () and parse_args([]).main_job == (2000, 4000) and parse_args(["--main-job", "0"]).main_job == ()
 
 
 def test_the_auto_row_compares_what_the_trainer_runs_at_each_batch():
@@ -97,7 +97,8 @@ def test_the_auto_row_compares_what_the_trainer_runs_at_each_batch():
 
 
 def test_bad_bench_arguments_exit_2():
-    for argv in (["--main-job", "100"], ["--main-job", "200,100"], ["--composites", "nope"]):
+    # 100 and 5100 steps: auto runs the graph step in one and XLA in the other
+    for argv in (["--main-job", "100"], ["--main-job", "200,100"], ["--main-job", "100,5100"], ["--composites", "nope"]):
         with pytest.raises(SystemExit) as stop:
             parse_args(argv)
         assert stop.value.code == 2

@@ -140,8 +140,11 @@ def test_jit_compile_true_runs_the_step_under_xla_with_the_same_result(composed,
     assert metrics["cosine"] == pytest.approx(float32_run["cosine"], abs=1e-5)
 
 
-def test_jit_compile_auto_runs_the_mlp_under_xla_with_the_same_result(composed, float32_run):
+def test_jit_compile_auto_runs_a_long_run_of_the_mlp_under_xla_with_the_same_result(composed, float32_run, monkeypatch):
+    import heatinv.step
+
     assert float32_run["xla"] is False and float32_run["xla_why"] == "trainer.jit_compile=false"
+    monkeypatch.setattr(heatinv.step, "XLA_MIN_UPDATES", 5)  # this 5-step run counts as long enough
     cfg, out = composed(*SMALL_RUN)  # the default: auto
     assert cfg.trainer.jit_compile == "auto"
     run(cfg)
@@ -151,6 +154,16 @@ def test_jit_compile_auto_runs_the_mlp_under_xla_with_the_same_result(composed, 
     # As for jit_compile=true: the same 5 Adam steps, XLA against the graph step.
     assert metrics["loss"] == pytest.approx(float32_run["loss"], rel=1e-4)
     assert metrics["cosine"] == pytest.approx(float32_run["cosine"], abs=1e-5)
+
+
+def test_jit_compile_auto_runs_a_short_run_without_xla(composed):
+    cfg, out = composed(*SMALL_RUN)
+    run(cfg)
+    metrics = read_metrics(out)
+    assert metrics["xla"] is False
+    assert metrics["xla_why"] == (
+        "trainer.jit_compile=auto: 5 updates, fewer than the 1500 that repay XLA's compiling, 25 updates per call"
+    )
 
 
 def test_precision_float64_trains_a_float64_student(composed, float32_run):

@@ -12,6 +12,7 @@ from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.step import (
     XLA_MAX_CONV_WEIGHTS,
+    XLA_MIN_UPDATES,
     apply_gradients,
     auto_mode,
     compile_step,
@@ -359,6 +360,17 @@ def test_auto_picks_xla_by_the_models_graph_and_batch(kind, batch, steps_per_exe
     assert mode == expected and why
     step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(), "auto", steps_per_execution, batch=batch)
     assert step.mode == expected and step.why.startswith("trainer.jit_compile=auto: ")
+
+
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+def test_auto_leaves_a_short_run_without_xla(kind):
+    """XLA's compiling is paid once: a run shorter than the bound is faster without it."""
+    model = {"dense": dense_model, "conv": conv_model}[kind]()
+    short, long_enough = auto_mode(LRP(model), 1, 25, XLA_MIN_UPDATES - 1), auto_mode(LRP(model), 1, 25, XLA_MIN_UPDATES)
+    assert short[0] == "function" and f"{XLA_MIN_UPDATES - 1} updates, fewer than the {XLA_MIN_UPDATES}" in short[1]
+    assert long_enough == auto_mode(LRP(model), 1, 25) == ("xla", "batch 1, a chain of layers, 25 updates per call")
+    step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(), "auto", 25, batch=1, updates=300)
+    assert step.mode == "function" and "300 updates, fewer than" in step.why
 
 
 def test_auto_leaves_large_convolutional_chains_without_xla():
