@@ -461,9 +461,6 @@ def _convolutional(explainer: LRP) -> bool:
     return any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
 
 
-XLA_MAX_CONV_WEIGHTS = 1_000_000
-"""Convolutional chains up to this many weights get XLA at batch 1 (see :func:`auto_mode`)."""
-
 XLA_MIN_UPDATES = 1500
 """A run of fewer updates than this gets no XLA: its compiling would take longer than it saves (see :func:`auto_mode`)."""
 
@@ -471,9 +468,9 @@ XLA_MIN_UPDATES = 1500
 def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates: int | None = None) -> tuple[str, str]:
     """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model, batch and run length.
 
-    XLA at batch 1 for a chain of layers (no merge) that, if it convolves, has at most
-    :data:`XLA_MAX_CONV_WEIGHTS` weights, in a run of at least :data:`XLA_MIN_UPDATES`
-    updates (``updates``; None: a run long enough); no XLA otherwise.
+    XLA at batch 1 for a chain of dense layers (no convolution or pooling, no merge) in a run
+    of at least :data:`XLA_MIN_UPDATES` updates (``updates``; None: a run long enough); no
+    XLA otherwise: only there was XLA faster on every CPU it was measured on.
 
     The run's length counts because XLA's compiling is paid once and its gain per update:
     the main job (mlp, epsilon_gamma_box, batch 1, 25 updates per call) spent 4.3-4.7 s in
@@ -483,17 +480,15 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
     EPYC, ``python -m heatinv.train trainer.steps=N trainer.jit_compile=true|false``, two
     runs each); on the Intel Xeon of earlier runs the job's first call took 1.5-1.7 s with
     XLA, whose updates (0.4-0.6 ms) took 0.33-0.48x the graph step's, which puts the
-    break-even there, estimated, at 1000-2500 updates. The cnn at batch 1 (300 steps):
-    6.9 s of loop with XLA, 2.8 s without. The rest of the rule follows the bench
+    break-even there, estimated, at 1000-2500 updates. The rest of the rule follows the bench
     (``python -m heatinv.bench ... --steps-per-execution 25``, README "Benchmarks", 2 CPU
     cores, epsilon_gamma_box):
 
     - batch 1: the mlp's updates compiled into one XLA loop took 0.31-0.53x the time of the
-      graph loop; the bench cnn's graph loop around its XLA update 0.54x (0.48x with average
-      pooling, 0.32x with stride-2 convolutions; it was 1.3-1.6x while the NaN/Inf guard was
-      a ``tf.cond``, which XLA turned into selects and copies of every slot); VGG16 at 32x32
-      (15M weights) took 2.8x the time for its heatmap with XLA (XLA's CPU convolutions),
-      hence the size bound, which lies between the cnn's 20k weights and VGG16's;
+      graph loop on both CPUs; the bench cnn's graph loop around its XLA update 0.54x on the
+      Intel Xeon but 1.2-1.65x on the AMD EPYC (XLA's CPU convolutions; its whole loop in
+      XLA 2.0x), and VGG16 at 32x32 took 2.8x the time for its heatmap with XLA, so no
+      convolutional model gets it;
     - larger batches, which only ``task=dataset`` runs, one update per call: the mlp's XLA
       update took 1.08x / 0.89x the time of the graph's at batch 64 / 256 (no clear gain),
       the cnn's 1.58x / 1.76x (``--variants compiled,compiled_xla``, 2026-12-03; the
@@ -508,7 +503,7 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
 
     Example:
     >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
-    ('xla', 'batch 1, a chain of layers, 25 updates per call')
+    ('xla', 'batch 1, a chain of dense layers, 25 updates per call')
     >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25, updates=300)  # doctest: +SKIP
     ('function', "300 updates, fewer than the 1500 that repay XLA's compiling, 25 updates per call")
     """
@@ -517,12 +512,11 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
         return "function", f"a model with merges, {calls}"
     if batch != 1:
         return "function", f"batch {batch}, {calls}"
-    weights = explainer.model.count_params()
-    if _convolutional(explainer) and weights > XLA_MAX_CONV_WEIGHTS:
-        return "function", f"a convolutional model of {weights} weights, {calls}"
+    if _convolutional(explainer):
+        return "function", f"a convolutional model, {calls}"
     if updates is not None and updates < XLA_MIN_UPDATES:
         return "function", f"{updates} updates, fewer than the {XLA_MIN_UPDATES} that repay XLA's compiling, {calls}"
-    return "xla", f"batch 1, a chain of layers, {calls}"
+    return "xla", f"batch 1, a chain of dense layers, {calls}"
 
 
 def compile_step(

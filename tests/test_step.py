@@ -11,7 +11,6 @@ from conftest import conv_model, dense_model, inputs_for
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.step import (
-    XLA_MAX_CONV_WEIGHTS,
     XLA_MIN_UPDATES,
     apply_gradients,
     auto_mode,
@@ -349,7 +348,7 @@ def _merge_model(dtype: str = "float32") -> keras.Model:
         ("dense", 1, 1, "xla"),
         ("dense", 1, 25, "xla"),
         ("dense", 64, 25, "function"),
-        ("conv", 1, 25, "xla"),
+        ("conv", 1, 25, "function"),
         ("conv", 64, 25, "function"),
         ("merge", 1, 25, "function"),
     ],
@@ -362,25 +361,23 @@ def test_auto_picks_xla_by_the_models_graph_and_batch(kind, batch, steps_per_exe
     assert step.mode == expected and step.why.startswith("trainer.jit_compile=auto: ")
 
 
-@pytest.mark.parametrize("kind", ["dense", "conv"])
-def test_auto_leaves_a_short_run_without_xla(kind):
+def test_auto_leaves_a_short_run_without_xla():
     """XLA's compiling is paid once: a run shorter than the bound is faster without it."""
-    model = {"dense": dense_model, "conv": conv_model}[kind]()
+    model = dense_model()
     short, long_enough = auto_mode(LRP(model), 1, 25, XLA_MIN_UPDATES - 1), auto_mode(LRP(model), 1, 25, XLA_MIN_UPDATES)
     assert short[0] == "function" and f"{XLA_MIN_UPDATES - 1} updates, fewer than the {XLA_MIN_UPDATES}" in short[1]
-    assert long_enough == auto_mode(LRP(model), 1, 25) == ("xla", "batch 1, a chain of layers, 25 updates per call")
+    assert long_enough == auto_mode(LRP(model), 1, 25) == ("xla", "batch 1, a chain of dense layers, 25 updates per call")
     step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(), "auto", 25, batch=1, updates=300)
     assert step.mode == "function" and "300 updates, fewer than" in step.why
 
 
-def test_auto_leaves_large_convolutional_chains_without_xla():
+@pytest.mark.parametrize("layer", ["conv", "pool"])
+def test_auto_leaves_convolutional_models_without_xla_in_a_long_run(layer):
+    """XLA's CPU convolutions were slower than TensorFlow's on the AMD EPYC at batch 1 (1.2-1.65x)."""
     inputs = keras.Input((8, 8, 2))
-    h = keras.layers.Conv2D(1100, 3, activation="relu")(inputs)
-    h = keras.layers.Conv2D(100, 3)(h)  # 1100 * 3 * 3 * 100 weights: over the bound
+    h = keras.layers.Conv2D(3, 3, activation="relu")(inputs) if layer == "conv" else keras.layers.MaxPooling2D()(inputs)
     model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
-    assert model.count_params() > XLA_MAX_CONV_WEIGHTS
-    mode, why = auto_mode(LRP(model), 1, 25)
-    assert mode == "function" and f"{model.count_params()} weights" in why
+    assert auto_mode(LRP(model), 1, 25, updates=10 * XLA_MIN_UPDATES) == ("function", "a convolutional model, 25 updates per call")
 
 
 def test_auto_needs_the_batch():
