@@ -463,6 +463,24 @@ def _convolutional(explainer: LRP) -> bool:
     return any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
 
 
+def onednn_enabled() -> bool | None:
+    """Whether this TensorFlow runs oneDNN's CPU kernels; None where it cannot tell.
+
+    TensorFlow turns them on by default only on CPUs with AVX-512's neural-network
+    instructions (the Intel Xeon of earlier runs), off elsewhere (the AMD EPYC);
+    ``TF_ENABLE_ONEDNN_OPTS=1`` / ``0`` set them before TensorFlow is imported. TensorFlow
+    has no public way to ask, so this reads the flag its own tests read.
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+XLA_MAX_CONV_WEIGHTS = 1_000_000
+"""Convolutional chains up to this many weights get XLA at batch 1 under oneDNN (see :func:`auto_mode`)."""
+
 XLA_MIN_UPDATES = 1500
 """A run of fewer updates than this gets no XLA: its compiling would take longer than it saves (see :func:`auto_mode`)."""
 
@@ -470,9 +488,10 @@ XLA_MIN_UPDATES = 1500
 def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates: int | None = None) -> tuple[str, str]:
     """``trainer.jit_compile=auto``: ``("xla" or "function", why)`` for this model, batch and run length.
 
-    XLA at batch 1 for a chain of dense layers (no convolution or pooling, no merge) in a run
-    of at least :data:`XLA_MIN_UPDATES` updates (``updates``; None: a run long enough); no
-    XLA otherwise: only there was XLA faster on every CPU it was measured on.
+    XLA at batch 1 for a chain of layers (no merge) in a run of at least
+    :data:`XLA_MIN_UPDATES` updates (``updates``; None: a run long enough), where a chain
+    that convolves has at most :data:`XLA_MAX_CONV_WEIGHTS` weights and TensorFlow runs
+    oneDNN's kernels (:func:`onednn_enabled`); no XLA otherwise.
 
     The run's length counts because XLA's compiling is paid once and its gain per update:
     the main job (mlp, epsilon_gamma_box, batch 1, 25 updates per call) spent 4.3-4.7 s in
@@ -487,10 +506,14 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
     cores, epsilon_gamma_box):
 
     - batch 1: the mlp's updates compiled into one XLA loop took 0.31-0.53x the time of the
-      graph loop on both CPUs; the bench cnn's graph loop around its XLA update 0.54x on the
-      Intel Xeon but 1.2-1.65x on the AMD EPYC (XLA's CPU convolutions; its whole loop in
-      XLA 2.0x), and VGG16 at 32x32 took 2.8x the time for its heatmap with XLA, so no
-      convolutional model gets it;
+      graph loop on both CPUs, with oneDNN's kernels or without. The bench cnn's graph loop
+      around its XLA update took 0.47-0.69x the graph loop's time on the Intel Xeon, where
+      oneDNN is on by default, and 0.78x on the AMD EPYC with ``TF_ENABLE_ONEDNN_OPTS=1``,
+      but 1.2-1.65x there by default, without oneDNN, whose graph step was the fastest of
+      the four (3.1 ms per update, 5.0 with oneDNN, XLA 3.9-4.0 either way): oneDNN's
+      kernels cost more per call at batch 1. VGG16 at 32x32 (15M weights) took 2.8x the
+      time for its heatmap with XLA (the Intel Xeon), hence the size bound, which lies
+      between the cnn's 20k weights and VGG16's;
     - larger batches, which only ``task=dataset`` runs, one update per call: the mlp's XLA
       update took 1.08x / 0.89x the time of the graph's at batch 64 / 256 (no clear gain),
       the cnn's 1.58x / 1.76x (``--variants compiled,compiled_xla``, 2026-12-03; the
@@ -505,7 +528,7 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
 
     Example:
     >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
-    ('xla', 'batch 1, a chain of dense layers, 25 updates per call')
+    ('xla', 'batch 1, a chain of layers, 25 updates per call')
     >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25, updates=300)  # doctest: +SKIP
     ('function', "300 updates, fewer than the 1500 that repay XLA's compiling, 25 updates per call")
     """
@@ -515,10 +538,17 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
     if batch != 1:
         return "function", f"batch {batch}, {calls}"
     if _convolutional(explainer):
-        return "function", f"a convolutional model, {calls}"
+        weights = explainer.model.count_params()
+        if weights > XLA_MAX_CONV_WEIGHTS:
+            return "function", f"a convolutional model of {weights} weights, {calls}"
+        onednn = onednn_enabled()
+        if not onednn:
+            state = "TensorFlow's oneDNN kernels off" if onednn is False else "oneDNN's state unknown"
+            return "function", f"a convolutional model, {state}, {calls}"
     if updates is not None and updates < XLA_MIN_UPDATES:
         return "function", f"{updates} updates, fewer than the {XLA_MIN_UPDATES} that repay XLA's compiling, {calls}"
-    return "xla", f"batch 1, a chain of dense layers, {calls}"
+    kind = "a convolutional chain under oneDNN's kernels" if _convolutional(explainer) else "a chain of layers"
+    return "xla", f"batch 1, {kind}, {calls}"
 
 
 def compile_step(

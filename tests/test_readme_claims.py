@@ -150,7 +150,7 @@ def test_jit_compile_auto_runs_a_long_run_of_the_mlp_under_xla_with_the_same_res
     run(cfg)
     metrics = read_metrics(out)
     assert metrics["xla"] is True
-    assert metrics["xla_why"] == "trainer.jit_compile=auto: batch 1, a chain of dense layers, 25 updates per call"
+    assert metrics["xla_why"] == "trainer.jit_compile=auto: batch 1, a chain of layers, 25 updates per call"
     # As for jit_compile=true: the same 5 Adam steps, XLA against the graph step.
     assert metrics["loss"] == pytest.approx(float32_run["loss"], rel=1e-4)
     assert metrics["cosine"] == pytest.approx(float32_run["cosine"], abs=1e-5)

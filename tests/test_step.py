@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from conftest import conv_model, dense_model, inputs_for
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.step import (
+    XLA_MAX_CONV_WEIGHTS,
     XLA_MIN_UPDATES,
     apply_gradients,
     auto_mode,
@@ -342,18 +347,32 @@ def _merge_model(dtype: str = "float32") -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(3, dtype=dtype)(h))
 
 
+@pytest.fixture
+def onednn(monkeypatch):
+    """Sets what :func:`heatinv.step.onednn_enabled` reports: the rule must not depend on the test machine's CPU."""
+    import heatinv.step
+
+    def set_state(state):
+        monkeypatch.setattr(heatinv.step, "onednn_enabled", lambda: state)
+
+    return set_state
+
+
 @pytest.mark.parametrize(
-    ("kind", "batch", "steps_per_execution", "expected"),
+    ("kind", "batch", "steps_per_execution", "onednn_on", "expected"),
     [
-        ("dense", 1, 1, "xla"),
-        ("dense", 1, 25, "xla"),
-        ("dense", 64, 25, "function"),
-        ("conv", 1, 25, "function"),
-        ("conv", 64, 25, "function"),
-        ("merge", 1, 25, "function"),
+        ("dense", 1, 1, False, "xla"),
+        ("dense", 1, 25, False, "xla"),
+        ("dense", 1, 25, True, "xla"),
+        ("dense", 64, 25, True, "function"),
+        ("conv", 1, 25, True, "xla"),
+        ("conv", 1, 25, False, "function"),
+        ("conv", 64, 25, True, "function"),
+        ("merge", 1, 25, True, "function"),
     ],
 )
-def test_auto_picks_xla_by_the_models_graph_and_batch(kind, batch, steps_per_execution, expected):
+def test_auto_picks_xla_by_the_models_graph_and_batch(kind, batch, steps_per_execution, onednn_on, expected, onednn):
+    onednn(onednn_on)
     model = {"dense": dense_model, "conv": conv_model, "merge": lambda: _merge_model()}[kind]()
     mode, why = auto_mode(LRP(model), batch, steps_per_execution)
     assert mode == expected and why
@@ -361,23 +380,48 @@ def test_auto_picks_xla_by_the_models_graph_and_batch(kind, batch, steps_per_exe
     assert step.mode == expected and step.why.startswith("trainer.jit_compile=auto: ")
 
 
-def test_auto_leaves_a_short_run_without_xla():
+@pytest.mark.parametrize("kind", ["dense", "conv"])
+def test_auto_leaves_a_short_run_without_xla(kind, onednn):
     """XLA's compiling is paid once: a run shorter than the bound is faster without it."""
-    model = dense_model()
+    onednn(True)
+    model = {"dense": dense_model, "conv": conv_model}[kind]()
     short, long_enough = auto_mode(LRP(model), 1, 25, XLA_MIN_UPDATES - 1), auto_mode(LRP(model), 1, 25, XLA_MIN_UPDATES)
     assert short[0] == "function" and f"{XLA_MIN_UPDATES - 1} updates, fewer than the {XLA_MIN_UPDATES}" in short[1]
-    assert long_enough == auto_mode(LRP(model), 1, 25) == ("xla", "batch 1, a chain of dense layers, 25 updates per call")
+    chain = {"dense": "a chain of layers", "conv": "a convolutional chain under oneDNN's kernels"}[kind]
+    assert long_enough == auto_mode(LRP(model), 1, 25) == ("xla", f"batch 1, {chain}, 25 updates per call")
     step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(), "auto", 25, batch=1, updates=300)
     assert step.mode == "function" and "300 updates, fewer than" in step.why
 
 
+@pytest.mark.parametrize(("state", "named"), [(False, "TensorFlow's oneDNN kernels off"), (None, "oneDNN's state unknown")])
 @pytest.mark.parametrize("layer", ["conv", "pool"])
-def test_auto_leaves_convolutional_models_without_xla_in_a_long_run(layer):
-    """XLA's CPU convolutions were slower than TensorFlow's on the AMD EPYC at batch 1 (1.2-1.65x)."""
+def test_auto_leaves_convolutional_models_without_xla_where_onednn_is_off(layer, state, named, onednn):
+    """Without oneDNN the cnn's graph step beat its XLA step at batch 1 (1.2-1.65x, AMD EPYC)."""
+    onednn(state)
     inputs = keras.Input((8, 8, 2))
     h = keras.layers.Conv2D(3, 3, activation="relu")(inputs) if layer == "conv" else keras.layers.MaxPooling2D()(inputs)
     model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
-    assert auto_mode(LRP(model), 1, 25, updates=10 * XLA_MIN_UPDATES) == ("function", "a convolutional model, 25 updates per call")
+    assert auto_mode(LRP(model), 1, 25, updates=10 * XLA_MIN_UPDATES) == ("function", f"a convolutional model, {named}, 25 updates per call")
+
+
+def test_auto_leaves_large_convolutional_chains_without_xla(onednn):
+    onednn(True)
+    inputs = keras.Input((8, 8, 2))
+    h = keras.layers.Conv2D(1100, 3, activation="relu")(inputs)
+    h = keras.layers.Conv2D(100, 3)(h)  # 1100 * 3 * 3 * 100 weights: over the bound
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+    assert model.count_params() > XLA_MAX_CONV_WEIGHTS
+    mode, why = auto_mode(LRP(model), 1, 25)
+    assert mode == "function" and f"{model.count_params()} weights" in why
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("1", True), ("0", False)])
+def test_onednn_enabled_follows_tensorflows_setting(setting, expected):
+    """``TF_ENABLE_ONEDNN_OPTS`` decides before TensorFlow is imported: a fresh process each."""
+    code = "from heatinv.step import onednn_enabled; print(onednn_enabled())"
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    printed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert printed.strip().splitlines()[-1] == str(expected)
 
 
 def test_auto_needs_the_batch():
