@@ -473,9 +473,10 @@ def onednn_enabled() -> bool | None:
     """
     try:
         from tensorflow.python.util import _pywrap_util_port
-    except ImportError:
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
         return None
-    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 XLA_MAX_CONV_WEIGHTS = 1_000_000
