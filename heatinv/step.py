@@ -512,7 +512,10 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
       oneDNN is on by default, and 0.78x on the AMD EPYC with ``TF_ENABLE_ONEDNN_OPTS=1``,
       but 1.2-1.65x there by default, without oneDNN, whose graph step was the fastest of
       the four (3.1 ms per update, 5.0 with oneDNN, XLA 3.9-4.0 either way): oneDNN's
-      kernels cost more per call at batch 1. VGG16 at 32x32 (15M weights) took 2.8x the
+      kernels cost more per call at batch 1 (as whole runs, under oneDNN on the AMD EPYC,
+      the cnn's XLA repaid its 4.8-5.4 s of compiling only after about 4000 updates, so the
+      run-length bound, set on the mlp, is short for it there: README "The main job and
+      ``trainer.jit_compile=auto``"). VGG16 at 32x32 (15M weights) took 2.8x the
       time for its heatmap with XLA (the Intel Xeon), hence the size bound, which lies
       between the cnn's 20k weights and VGG16's;
     - larger batches, which only ``task=dataset`` runs, one update per call: the mlp's XLA
@@ -538,7 +541,8 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
         return "function", f"a model with merges, {calls}"
     if batch != 1:
         return "function", f"batch {batch}, {calls}"
-    if _convolutional(explainer):
+    convolutional = _convolutional(explainer)
+    if convolutional:
         weights = explainer.model.count_params()
         if weights > XLA_MAX_CONV_WEIGHTS:
             return "function", f"a convolutional model of {weights} weights, {calls}"
@@ -548,7 +552,7 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
             return "function", f"a convolutional model, {state}, {calls}"
     if updates is not None and updates < XLA_MIN_UPDATES:
         return "function", f"{updates} updates, fewer than the {XLA_MIN_UPDATES} that repay XLA's compiling, {calls}"
-    kind = "a convolutional chain under oneDNN's kernels" if _convolutional(explainer) else "a chain of layers"
+    kind = "a convolutional chain under oneDNN's kernels" if convolutional else "a chain of layers"
     return "xla", f"batch 1, {kind}, {calls}"
 
 

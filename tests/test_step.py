@@ -420,7 +420,7 @@ def test_onednn_enabled_follows_tensorflows_setting(setting, expected):
     """``TF_ENABLE_ONEDNN_OPTS`` decides before TensorFlow is imported: a fresh process each."""
     code = "from heatinv.step import onednn_enabled; print(onednn_enabled())"
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    printed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=300).stdout
     assert printed.strip().splitlines()[-1] == str(expected)
 
 
