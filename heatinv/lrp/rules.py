@@ -235,20 +235,26 @@ def alpha_beta(
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
     b_pos, b_neg = tf.maximum(bias, 0.0), tf.minimum(bias, 0.0)
     if nonnegative:
-        if beta == 0:
-            s = stabilized_ratio(relevance, layer.affine(a, w_pos, b_pos), STABILIZER)
-            return a * layer.transpose(alpha * s, w_pos, a)
-        # a >= 0: a W- = a W - a W+, so one map on top of the forward pass's a W.
+        # z+ = a W+ + b+ >= 0 term by term, so stab(z+) = z+ + eps: the stabilizer joins the
+        # bias. alpha and -beta scale the kernels of the transposed maps, not the ratios:
+        # kernel-sized products instead of passes over the activations.
         positive = layer.affine(a, w_pos, None)
-        z_pos, z_neg = positive + b_pos, _product(a, kernel, layer, product) - positive + b_neg
-        s_pos = alpha * stabilized_ratio(relevance, z_pos, STABILIZER)
-        s_neg = beta * stabilized_ratio(relevance, z_neg, STABILIZER)
-        return a * transpose_sum(layer, [s_pos, -s_neg], [w_pos, w_neg], a)
+        s_pos = _ratio(relevance, positive + (b_pos + STABILIZER))
+        if beta == 0:
+            return a * layer.transpose(s_pos, _scaled(alpha, w_pos), a)
+        # a >= 0: a W- = a W - a W+, so one map on top of the forward pass's a W.
+        s_neg = stabilized_ratio(relevance, _product(a, kernel, layer, product) - positive + b_neg, STABILIZER)
+        return a * transpose_sum(layer, [s_pos, s_neg], [_scaled(alpha, w_pos), _scaled(-beta, w_neg)], a)
     positive = _split_contributions(a, relevance, layer, w_pos, w_neg, b_pos, STABILIZER)
     if beta == 0:
         return alpha * positive
     negative = _split_contributions(a, relevance, layer, w_neg, w_pos, b_neg, STABILIZER)
     return alpha * positive - beta * negative
+
+
+def _scaled(factor: float, kernel: tf.Tensor) -> tf.Tensor:
+    """``factor * kernel``, without an op where the factor is 1."""
+    return kernel if factor == 1 else factor * kernel
 
 
 def gamma(
