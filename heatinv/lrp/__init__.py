@@ -27,7 +27,7 @@ from tensorflow.python.ops import control_flow_util  # whether a trace is XLA-co
 
 from heatinv.lrp.canonical import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
 from heatinv.lrp.composites import COMPOSITES, Composite, resolve
-from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step
+from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step, positive_product_steps
 from heatinv.lrp.rules import RULES, make_rule, stabilize
 from heatinv.wording import count
 
@@ -134,7 +134,7 @@ class LRP:
         the dtype's range on its way back; traced (``tf.function``), it checks nothing.
         """
         x = model_input(x, self.model)
-        fwd = forward(self.steps, x)
+        fwd = forward(self.steps, x, positive_product_steps(self.steps, self.composite))
         mask = target_mask(target, fwd.logits)
         if self.output == "logit":
             entering, start = fwd.logits * mask, self.top

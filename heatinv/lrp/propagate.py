@@ -10,6 +10,7 @@ differentiable (to any order) with respect to the weights and the input, eagerly
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import keras
@@ -36,6 +37,7 @@ from heatinv.lrp.rules import (
     known_zero,
     norm,
     product_rule,
+    stacks,
     sum_rule,
 )
 
@@ -52,6 +54,8 @@ class Forward:
         params: (kernel, bias) of every Linear step (BatchNorm folded), else None.
         products: ``a W`` (no bias) of every Linear step, else None: the rules that use it
             take it from here instead of computing the layer's largest product again.
+        positives: ``a W+`` by step index, for the steps asked for where computed as one map
+            with ``a W`` (:func:`forward`).
         logits: the explained scores, shape ``[batch, classes]``: the pre-activation of the
             last Dense/Conv step (or its reshaped output).
         values: the output of every step, ``values[i]`` from ``steps[i]`` (in a graph the
@@ -68,17 +72,25 @@ class Forward:
     logits: tf.Tensor
     values: list
     masks: dict[int, tf.Tensor | None]
+    positives: dict[int, tf.Tensor]
 
     @property
     def outputs(self) -> tf.Tensor:
         return self.values[-1]
 
 
-def forward(steps: list[Step], x: tf.Tensor) -> Forward:
-    """Run the steps in inference mode on ``x``, in ``x``'s dtype."""
+def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> Forward:
+    """Run the steps in inference mode on ``x``, in ``x``'s dtype.
+
+    ``positive``: Linear steps whose rule will also want ``a W+``
+    (:func:`positive_product_steps`). Where the layer stacks kernels
+    (:func:`heatinv.lrp.rules.stacks`) both products come from one map with ``[W, W+]``
+    side by side: one pass over the input, forward and in the gradient, instead of two (the
+    cnn's inverse step with ``epsilon_plus`` took 0.84-0.92 of the time, alpha-beta 0.90-0.97).
+    """
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
-    masks = {}
+    masks, positives = {}, {}
     logits = None
     for i, step in enumerate(steps):
         operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
@@ -93,7 +105,12 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
         if isinstance(step, Linear):
             kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
-            products.append(step.affine(a, kernel, None))
+            if i in positive and stacks(step, kernel, a):
+                both = step.affine(a, tf.concat([kernel, tf.maximum(kernel, 0.0)], axis=-1), None)
+                product, positives[i] = tf.split(both, 2, axis=-1)
+                products.append(product)
+            else:
+                products.append(step.affine(a, kernel, None))
             z = products[-1] + bias
             if i == top:
                 logits = z
@@ -108,7 +125,7 @@ def forward(steps: list[Step], x: tf.Tensor) -> Forward:
                 values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, products, logits, values, masks)
+    return Forward(inputs, params, products, logits, values, masks, positives)
 
 
 def logit_step(steps: list[Step]) -> int:
@@ -132,6 +149,30 @@ def logit_step(steps: list[Step]) -> int:
         "Flatten/Reshape of a layer without activation) may follow it. Add a Dense layer with one "
         "output per class, keras.layers.Dense(classes), after it: the explained score is a class's logit."
     )
+
+
+def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
+    """The Linear steps whose rule takes ``a W+`` and gets an input ``>= 0`` by construction.
+
+    A first layer whose input's sign is checked at run time is left out: where the batch has
+    negative values, its rule's signed form would not use ``a W+``.
+
+    Example:
+    >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(2, 3, activation="relu"),
+    ...                           keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(2)])
+    >>> from heatinv.lrp.canonical import canonize
+    >>> from heatinv.lrp.composites import resolve
+    >>> sorted(positive_product_steps(canonize(model), resolve("epsilon_plus")))
+    [1]
+    """
+    first, nonnegative = first_linear_steps(steps), nonnegative_steps(steps)
+    return {
+        i
+        for i, step in enumerate(steps)
+        if isinstance(step, Linear)
+        and step.sources[0] in nonnegative
+        and composite.rule_for(step.kind, is_first=i in first).takes_positive
+    }
 
 
 def first_linear_steps(steps: list[Step]) -> set[int]:
@@ -326,7 +367,7 @@ def backward(
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
         shares = _shares(
             step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative, i in rectified,
-            fwd.masks.get(i),
+            fwd.masks.get(i), fwd.positives.get(i),
         )
         for source, share in zip(step.sources, shares):
             if share is not None:
@@ -354,7 +395,7 @@ def _checking_the_sign(rule, a: tf.Tensor, kernel, bias, relevance: tf.Tensor, s
 
 def _shares(
     step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
-    rectified: bool, mask: tf.Tensor | None = None,
+    rectified: bool, mask: tf.Tensor | None = None, positive: tf.Tensor | None = None,
 ) -> list:
     """The relevance ``step`` hands to each of its sources (None: none)."""
     if isinstance(step, Linear):
@@ -367,6 +408,8 @@ def _shares(
             known.update(low=box[0], high=box[1])
         elif rule.takes_sign and step.sources[0] in nonnegative:
             known["nonnegative"] = True
+            if positive is not None and rule.takes_positive:
+                known["positive"] = positive
         if rectified and rule.takes_rectified:
             known["rectified"] = True
         if rule.takes_sign and is_first and "nonnegative" not in known:

@@ -10,7 +10,9 @@ out to be cheaper, itself of ordinary ops. Max pooling's rule, winner takes all,
 :mod:`heatinv.lrp.max_pool`.
 
 Rules that start from the layer's own ``z`` take ``product=a W`` from the forward pass, which
-has computed it already (the largest product of the rule, and its gradient, done once).
+has computed it already (the largest product of the rule, and its gradient, done once). The
+rules that split ``a W`` by the kernel's sign take ``positive=a W+`` from it too where the
+forward pass computed it with ``a W`` as one map (:func:`heatinv.lrp.propagate.forward`).
 
 Notation in the docstrings: ``a`` the layer input, ``z = a W + b`` its pre-activation,
 ``R`` the relevance of the layer's outputs, ``x+ = max(x, 0)``, ``x- = min(x, 0)``, and
@@ -58,6 +60,8 @@ class Rule(Protocol):
     """Whether the rule takes ``product=a W`` (the forward pass's, so it is not computed twice)."""
     takes_rectified: bool
     """Whether the rule takes ``rectified=True`` (``R`` is zero where ``z <= 0``) to skip its ``z < 0`` terms."""
+    takes_positive: bool
+    """Whether the rule takes ``positive=a W+`` (the forward pass's) when it also takes ``nonnegative=True``."""
 
     def __call__(
         self, a: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relevance: tf.Tensor, layer: LinearMap
@@ -222,15 +226,20 @@ def _product(a: tf.Tensor, kernel: tf.Tensor, layer: LinearMap, product: tf.Tens
     return layer.affine(a, kernel, None) if product is None else product
 
 
+def _positive(a: tf.Tensor, w_pos: tf.Tensor, layer: LinearMap, positive: tf.Tensor | None) -> tf.Tensor:
+    """``a W+``: the forward pass's when given, else computed."""
+    return layer.affine(a, w_pos, None) if positive is None else positive
+
+
 def alpha_beta(
     a, kernel, bias, relevance, layer, *, alpha: float = 2.0, beta: float = 1.0, nonnegative: bool = False,
-    product: tf.Tensor | None = None,
+    product: tf.Tensor | None = None, positive: tf.Tensor | None = None,
 ):
     """LRP-alpha-beta (Bach et al. 2015): ``alpha * R_positive - beta * R_negative``; conv layers.
 
     The positive part uses ``z+ = a+ W+ + b+ + a- W-``, the negative ``z- = a+ W- + b- + a- W+``.
     ``alpha=1, beta=0`` is the z+ rule. ``nonnegative``: the input is ``>= 0`` by construction
-    (a ReLU output), so ``a- = 0`` and its terms are skipped.
+    (a ReLU output), so ``a- = 0`` and its terms are skipped; ``positive``: ``a W+``, if computed.
     """
     w_pos, w_neg = tf.maximum(kernel, 0.0), tf.minimum(kernel, 0.0)
     b_pos, b_neg = tf.maximum(bias, 0.0), tf.minimum(bias, 0.0)
@@ -238,7 +247,7 @@ def alpha_beta(
         # z+ = a W+ + b+ >= 0 term by term, so stab(z+) = z+ + eps: the stabilizer joins the
         # bias. alpha and -beta scale the kernels of the transposed maps, not the ratios:
         # kernel-sized products instead of passes over the activations.
-        positive = layer.affine(a, w_pos, None)
+        positive = _positive(a, w_pos, layer, positive)
         s_pos = _ratio(relevance, positive + (b_pos + STABILIZER))
         if beta == 0:
             return a * layer.transpose(s_pos, _scaled(alpha, w_pos), a)
@@ -259,7 +268,7 @@ def _scaled(factor: float, kernel: tf.Tensor) -> tf.Tensor:
 
 def gamma(
     a, kernel, bias, relevance, layer, *, gamma: float = 0.25, nonnegative: bool = False, rectified: bool = False,
-    product: tf.Tensor | None = None,
+    product: tf.Tensor | None = None, positive: tf.Tensor | None = None,
 ):
     """LRP-gamma (Montavon et al. 2019, generalized to signed inputs): favours positive evidence.
 
@@ -269,7 +278,7 @@ def gamma(
     input is ``>= 0`` by construction (a ReLU output), so ``a- = 0`` and its terms are skipped.
     ``rectified``: ``R`` is zero wherever ``z <= 0`` by construction (the layer's ReLU is off
     there and every rule above scales relevance by its input), so the ``z < 0`` terms, which
-    would redistribute zeros, are skipped.
+    would redistribute zeros, are skipped. ``positive``: ``a W+``, if computed.
     """
     w_pos = tf.maximum(kernel, 0.0)
     up = kernel + gamma * w_pos
@@ -280,13 +289,13 @@ def gamma(
     z = product + bias
     if rectified:  # R = 0 where z <= 0: only the z > 0 outputs, with W + gamma W+ on a+
         if nonnegative:
-            z_up = product + gamma * layer.affine(a, w_pos, None) + bias_up
+            z_up = product + gamma * _positive(a, w_pos, layer, positive) + bias_up
             return a * layer.transpose(stabilized_ratio(relevance, z_up, STABILIZER), up, a)
         return _split_contributions(a, relevance, layer, up, down, bias_up, STABILIZER)
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
         # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
-        positive = layer.affine(a, w_pos, None)
+        positive = _positive(a, w_pos, layer, positive)
         z_up = product + gamma * positive + bias_up
         z_down = product + gamma * (product - positive) + bias_down
         s_up = stabilized_ratio(tf.where(z > 0, relevance, tf.zeros_like(relevance)), z_up, STABILIZER)
@@ -369,9 +378,9 @@ def wsquare(a, kernel, bias, relevance, layer):
     return layer.transpose(s, squared, a)
 
 
-def zplus(a, kernel, bias, relevance, layer, *, nonnegative: bool = False):
+def zplus(a, kernel, bias, relevance, layer, *, nonnegative: bool = False, positive: tf.Tensor | None = None):
     """LRP-z+ (Montavon et al. 2017): alpha-beta with alpha=1, beta=0; conv layers."""
-    return alpha_beta(a, kernel, bias, relevance, layer, alpha=1.0, beta=0.0, nonnegative=nonnegative)
+    return alpha_beta(a, kernel, bias, relevance, layer, alpha=1.0, beta=0.0, nonnegative=nonnegative, positive=positive)
 
 
 def _check_epsilon(epsilon: float) -> None:
@@ -435,6 +444,7 @@ def make_rule(name: str, **params: float) -> Rule:
     rule.takes_product = "product" in (fn.__kwdefaults__ or {})
     # Rules that split outputs by the sign of z can skip the z < 0 side behind a ReLU.
     rule.takes_rectified = "rectified" in (fn.__kwdefaults__ or {})
+    rule.takes_positive = "positive" in (fn.__kwdefaults__ or {})
     return rule
 
 
