@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from heatinv.lrp import LRP
 from heatinv.lrp.canonical import Merge, Pool
+from heatinv.onednn import onednn_enabled
 
 MODES = ("eager", "function", "xla", "auto")
 
@@ -461,22 +462,6 @@ class CompiledStep:
 def _convolutional(explainer: LRP) -> bool:
     """Whether the model has convolution or pooling layers."""
     return any(isinstance(step, Pool) or getattr(step, "kind", None) == "conv" for step in explainer.steps)
-
-
-def onednn_enabled() -> bool | None:
-    """Whether this TensorFlow runs oneDNN's CPU kernels; None where it cannot tell.
-
-    TensorFlow turns them on by default only on CPUs with AVX-512's neural-network
-    instructions (the Intel Xeon of earlier runs), off elsewhere (the AMD EPYC);
-    ``TF_ENABLE_ONEDNN_OPTS=1`` / ``0`` set them before TensorFlow is imported. TensorFlow
-    has no public way to ask, so this reads the flag its own tests read.
-    """
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-
-        return bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        return None
 
 
 XLA_MAX_CONV_WEIGHTS = 1_000_000

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from conftest import MODELS, conv_model, dense_model, inputs_for
 from heatinv.lrp import COMPOSITES, LRP, NonFiniteHeatmapWarning, UnsupportedLayerError, relevance
-from heatinv.lrp.canonical import canonize, single_channel_transpose
+from heatinv.lrp.canonical import canonize, transpose_by_depthwise, transpose_by_taps
 from heatinv.lrp.propagate import forward
 
 
@@ -91,10 +91,11 @@ def test_second_order_gradient_matches_finite_differences(rng):
     assert np.abs(analytic.numpy()).max() > 0
 
 
+@pytest.mark.parametrize("form", [transpose_by_taps, transpose_by_depthwise], ids=["taps", "depthwise"])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 @pytest.mark.parametrize("size", [(3, 3), (2, 4)])
-def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative(padding, size, rng):
-    """The depthwise form of a map to one channel: its value, its gradients (written out) and their gradients."""
+def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative(form, padding, size, rng):
+    """Both forms of a map to one channel: its value, its gradients (written out) and their gradients."""
     kernel = tf.constant(rng.normal(size=(*size, 1, 5)))
     like_shape = [2, 7, 6, 1]
     s_shape = tf.nn.convolution(tf.zeros(like_shape, tf.float64), kernel, padding=padding).shape
@@ -112,7 +113,7 @@ def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative
             directional = tf.reduce_sum(to_s * v_s) + tf.reduce_sum(to_kernel * v_kernel)
         return [value, to_s, to_kernel, *outer.gradient(directional, [s, kernel])]
 
-    got = derivatives(lambda s, k: single_channel_transpose(s, k, padding))
+    got = derivatives(lambda s, k: form(s, k, padding))
     want = derivatives(lambda s, k: tf.nn.conv_transpose(s, k, like_shape, 1, padding))
     for name, g, w in zip(["value", "d/ds", "d/dkernel", "d2/ds", "d2/dkernel"], got, want):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
@@ -477,3 +478,16 @@ def test_noise_and_augmentation_layers_vanish_as_in_inference(rng):
         # the premise, on this Keras: the layer is the identity in inference
         np.testing.assert_array_equal(augmented(x, training=False), plain(x), err_msg=cls.__name__)
         np.testing.assert_array_equal(relevance(augmented, x, 1), expected, err_msg=cls.__name__)
+
+
+@pytest.mark.parametrize(("onednn", "form"), [(True, "depthwise"), (False, "taps"), (None, "taps")])
+def test_single_channel_transpose_takes_the_form_for_tensorflows_kernels(onednn, form, monkeypatch):
+    """The depthwise form under oneDNN's kernels, the taps form without them (or where TensorFlow cannot tell)."""
+    import heatinv.lrp.canonical as canonical
+
+    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
+    called = []
+    monkeypatch.setattr(canonical, "transpose_by_depthwise", lambda *args: called.append("depthwise"))
+    monkeypatch.setattr(canonical, "transpose_by_taps", lambda *args: called.append("taps"))
+    canonical.single_channel_transpose(tf.zeros([1, 4, 4, 2]), tf.zeros([3, 3, 1, 2]), "SAME")
+    assert called == [form]

@@ -349,7 +349,7 @@ def _merge_model(dtype: str = "float32") -> keras.Model:
 
 @pytest.fixture
 def onednn(monkeypatch):
-    """Sets what :func:`heatinv.step.onednn_enabled` reports: the rule must not depend on the test machine's CPU."""
+    """Sets what :func:`heatinv.onednn.onednn_enabled` reports: the rule must not depend on the test machine's CPU."""
     import heatinv.step
 
     def set_state(state):
@@ -418,7 +418,7 @@ def test_auto_leaves_large_convolutional_chains_without_xla(onednn):
 @pytest.mark.parametrize(("setting", "expected"), [("1", True), ("0", False)])
 def test_onednn_enabled_follows_tensorflows_setting(setting, expected):
     """``TF_ENABLE_ONEDNN_OPTS`` decides before TensorFlow is imported: a fresh process each."""
-    code = "from heatinv.step import onednn_enabled; print(onednn_enabled())"
+    code = "from heatinv.onednn import onednn_enabled; print(onednn_enabled())"
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
     printed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=300).stdout
     assert printed.strip().splitlines()[-1] == str(expected)

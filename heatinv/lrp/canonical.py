@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from heatinv.layers import SoftplusBeta
 from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
+from heatinv.onednn import onednn_enabled
 
 SUPPORTED = (
     "Dense, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
@@ -503,27 +504,100 @@ Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge]
 
 
 def single_channel_transpose(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
-    """``W^T s`` of a stride-1 2D convolution with one input channel: a depthwise map of ``s`` summed over its channels.
+    """``W^T s`` of a stride-1 2D convolution with one input channel (a first layer on grey images).
 
-    oneDNN's kernels are slow for a map to one channel (16 channels to 1 at ``[256, 28, 28]``:
-    5.2 ms as ``conv_transpose``, 1.5 ms this way, on the 2-core CPU of
-    ``docs/notes/speed.md``). Equal to ``tf.nn.conv_transpose`` up to the order of the sums.
-    Its gradient is written out as the maps the transposed one is the adjoint of: the forward
-    convolution for ``s`` and the convolution's filter gradient for the kernel, both ordinary
-    ops, so it stays differentiable twice.
+    A map to one channel is slow as TensorFlow's ``conv_transpose``; which other form is
+    fastest depends on whether TensorFlow runs oneDNN's CPU kernels
+    (:func:`heatinv.onednn.onednn_enabled`). Measured on the 2-core AMD EPYC of
+    ``docs/notes/speed.md``, 32 channels to 1 at ``[256, 28, 28]`` with both gradients, ms:
+    oneDNN off (this CPU's default): ``conv_transpose`` 47.6, depthwise 63.0, taps 36.5;
+    oneDNN on (the default on CPUs with AVX-512): 33.4, 23.4, 34.3. Both forms equal
+    ``tf.nn.conv_transpose`` up to the order of the sums.
 
     Args:
-        s: ``[batch, height, width, out_channels]``, the map's cotangent.
+        s: ``[batch, height', width', out_channels]``, the map's cotangent.
         kernel: ``[kh, kw, 1, out_channels]``.
         padding: the convolution's, ``"SAME"`` or ``"VALID"``.
 
     Returns:
-        ``[batch, height', width', 1]``, shaped like the convolution's input.
+        ``[batch, height, width, 1]``, shaped like the convolution's input.
 
     Example:
     >>> s, kernel = tf.random.normal([2, 5, 5, 4]), tf.random.normal([3, 3, 1, 4])
     >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
     >>> bool(tf.reduce_max(tf.abs(single_channel_transpose(s, kernel, "SAME") - expected)) < 1e-5)
+    True
+    """
+    form = transpose_by_depthwise if onednn_enabled() else transpose_by_taps
+    return form(s, kernel, padding)
+
+
+def transpose_by_taps(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
+    """:func:`single_channel_transpose` tap by tap, with matrix products: where oneDNN's kernels are off.
+
+    ``U = s K^T`` (a matrix product over the channels: one value per position and kernel
+    tap), then each input position sums the taps that reached it from its neighbours. The
+    gradient is written out as the maps the transposed one is the adjoint of: for ``s``,
+    the convolution (each position's taps of the cotangent, times ``K``); for the kernel,
+    its filter gradient (``s`` against those taps); ordinary ops, so it stays
+    differentiable twice.
+
+    Arguments and result as :func:`single_channel_transpose`.
+
+    Example:
+    >>> s, kernel = tf.random.normal([2, 5, 5, 4]), tf.random.normal([3, 3, 1, 4])
+    >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
+    >>> bool(tf.reduce_max(tf.abs(transpose_by_taps(s, kernel, "SAME") - expected)) < 1e-5)
+    True
+    """
+    kh, kw, _, channels = kernel.shape
+    taps = kh * kw
+    # the forward convolution's padding: SAME puts (k - 1) // 2 before and the rest after
+    before = [(k - 1) // 2 if padding == "SAME" else 0 for k in (kh, kw)]
+    after = [k - 1 - b if padding == "SAME" else 0 for k, b in zip((kh, kw), before)]
+
+    @tf.custom_gradient
+    def transposed(s, kernel):
+        flat = tf.reshape(kernel, [taps, channels])
+        shape = tf.shape(s)
+        spread = tf.reshape(tf.matmul(tf.reshape(s, [-1, channels]), flat, transpose_b=True), [shape[0], shape[1], shape[2], taps])
+        # input position q gets tap (dy, dx) of output position q - (dy, dx) + before
+        padded = tf.pad(spread, [[0, 0], [kh - 1 - before[0], kh - 1 - after[0]], [kw - 1 - before[1], kw - 1 - after[1]], [0, 0]])
+        h, w = shape[1] + kh - 1 - before[0] - after[0], shape[2] + kw - 1 - before[1] - after[1]
+        summed = tf.add_n([
+            padded[:, kh - 1 - dy : kh - 1 - dy + h, kw - 1 - dx : kw - 1 - dx + w, dy * kw + dx]
+            for dy in range(kh) for dx in range(kw)
+        ])
+
+        def gradient(g):
+            # at each output position, g at each tap's input position: [batch * h' * w', taps]
+            g_padded = tf.pad(g, [[0, 0], [before[0], after[0]], [before[1], after[1]], [0, 0]])
+            taps_of_g = tf.reshape(
+                tf.concat([g_padded[:, dy : dy + shape[1], dx : dx + shape[2], :] for dy in range(kh) for dx in range(kw)], -1),
+                [-1, taps],
+            )
+            to_s = tf.reshape(tf.matmul(taps_of_g, flat), tf.shape(s))
+            to_kernel = tf.reshape(tf.matmul(taps_of_g, tf.reshape(s, [-1, channels]), transpose_a=True), tf.shape(kernel))
+            return to_s, to_kernel
+
+        return summed[..., None], gradient
+
+    return transposed(s, kernel)
+
+
+def transpose_by_depthwise(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
+    """:func:`single_channel_transpose` as a depthwise map of ``s`` summed over its channels: where oneDNN's kernels are on.
+
+    Its gradient is written out as the maps the transposed one is the adjoint of: the
+    forward convolution for ``s`` and the convolution's filter gradient for the kernel, both
+    ordinary ops, so it stays differentiable twice.
+
+    Arguments and result as :func:`single_channel_transpose`.
+
+    Example:
+    >>> s, kernel = tf.random.normal([2, 5, 5, 4]), tf.random.normal([3, 3, 1, 4])
+    >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
+    >>> bool(tf.reduce_max(tf.abs(transpose_by_depthwise(s, kernel, "SAME") - expected)) < 1e-5)
     True
     """
     # The transposed map of a stride-1 convolution is a convolution with the kernel flipped,
