@@ -65,6 +65,41 @@ def test_weight_and_input_gradients_match_finite_differences(kind, composite, rn
     assert checked >= 3 * 4
 
 
+@pytest.mark.parametrize("composite", ["epsilon_gamma_box", "epsilon_alpha2_beta1"])
+def test_weight_gradients_through_the_forward_passs_a_w_plus_match_finite_differences(composite, rng):
+    """From batch 4 on, a conv layer after a ReLU gets ``a W`` and ``a W+`` from one map of the
+    forward pass (``STACKED_PRODUCTS_MIN_BATCH``); its kernel's gradient goes through both."""
+    from heatinv.lrp.propagate import STACKED_PRODUCTS_MIN_BATCH, positive_product_steps
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([
+        keras.Input((12, 12, 2), dtype="float64"),
+        keras.layers.Conv2D(3, 3, padding="same", activation="relu", dtype="float64"),
+        keras.layers.Conv2D(4, 3, padding="same", activation="relu", dtype="float64"),
+        keras.layers.Flatten(dtype="float64"),
+        keras.layers.Dense(3, dtype="float64"),
+    ])
+    lrp = LRP(model, composite)
+    x = tf.constant(rng.uniform(size=(STACKED_PRODUCTS_MIN_BATCH, 12, 12, 2)))
+    assert forward(lrp.steps, x, positive_product_steps(lrp.steps, lrp.composite)).positives  # the path under test
+    target_map = tf.constant(rng.normal(0, 0.05, x.shape))
+    kernel = model.layers[1].kernel
+    with tf.GradientTape() as tape:
+        loss = _heatmap_loss(lrp, x, target_map, 1)
+    grad = tape.gradient(loss, kernel).numpy().reshape(-1)
+    flat, h = kernel.numpy().reshape(-1), 1e-6
+    for index in rng.choice(flat.size, size=4, replace=False):
+        values = []
+        for delta in (h, -h):
+            shifted = flat.copy()
+            shifted[index] += delta
+            kernel.assign(shifted.reshape(kernel.shape))
+            values.append(float(_heatmap_loss(lrp, x, target_map, 1)))
+        kernel.assign(flat.reshape(kernel.shape))
+        assert grad[index] == pytest.approx((values[0] - values[1]) / (2 * h), rel=1e-4, abs=3e-10), index
+    assert np.abs(grad).max() > 1e-6
+
+
 def test_second_order_gradient_matches_finite_differences(rng):
     """d/dx of (dL/dW . v): the gradient of a weight gradient, as explanation manipulation needs."""
     model = dense_model("float64")

@@ -139,7 +139,7 @@ def build_conv(seed: int = 3, zero_bias: bool = False) -> Case:
     """Conv 3x3 same relu -> MaxPool 2 -> Conv valid relu -> AvgPool 2 -> Flatten -> Dense 3."""
     rng = np.random.default_rng(seed)
     m = keras.Sequential([
-        keras.Input((8, 8, 2)),
+        keras.Input((12, 12, 2)),
         L.Conv2D(3, 3, padding="same", activation="relu", name="c1"),
         L.MaxPooling2D(2),
         L.Conv2D(4, 3, padding="valid", activation="relu", name="c2"),
@@ -149,7 +149,10 @@ def build_conv(seed: int = 3, zero_bias: bool = False) -> Case:
     ])
     # positive first-conv biases: no all-zero (tied) max-pooling windows
     randomize(m, rng, bias={"c1": (0.8, 1.2), "c2": (-0.2, 0.4)}, zero_bias=zero_bias)
-    return Case(m, _x(rng, (2, 8, 8, 2), 0.0, 1.0), 0.0, 1.0)
+    # 12x12 and a batch of 4: c2's kernel (27 taps) is no larger than its input's 36
+    # positions, and from batch 4 on the forward pass computes c2's a W and a W+ as one map
+    # (heatinv.lrp.propagate.STACKED_PRODUCTS_MIN_BATCH): that path meets the reference too
+    return Case(m, _x(rng, (4, 12, 12, 2), 0.0, 1.0), 0.0, 1.0)
 
 
 def build_conv_gavg(seed: int = 4) -> Case:
@@ -299,7 +302,7 @@ def everywhere(spec: Any) -> dict[str, Any]:
     return {"first": spec, "dense": spec, "conv": spec}
 
 
-TARGET = np.array([2, 0, 1])
+TARGET = np.array([2, 0, 1, 2])
 
 # ---------------------------------------------------------------------------
 # 1. The reference against Keras / TF (validates the reference)
@@ -403,6 +406,22 @@ def test_models_are_not_degenerate(cases: dict[str, Case]) -> None:
             if isinstance(op, ref.Act) and op.name == "relu":
                 frac = float(np.mean(acts[i + 1] > 0))
                 assert 0.25 <= frac, f"{name}: op {i} has only {frac:.0%} active units"
+
+
+@pytest.mark.parametrize("composite", ["epsilon_alpha2_beta1", "epsilon_gamma_box", "epsilon_plus"])
+def test_the_conv_case_takes_both_forms_of_a_w_plus(cases: dict[str, Case], composite: str) -> None:
+    """The engine's comparisons with the reference cover ``a W+`` both ways on the conv case:
+    computed by the rule (the first layer) and with ``a W`` as one map by the forward pass (c2)."""
+    from heatinv.lrp.canonical import canonize
+    from heatinv.lrp.composites import resolve
+    from heatinv.lrp.propagate import forward, positive_product_steps
+
+    c = cases["conv"]
+    steps = canonize(c.model)
+    wanted = positive_product_steps(steps, resolve(composite))
+    assert [steps[i].name for i in wanted] == ["c2"]
+    assert sorted(forward(steps, tf.constant(c.x), wanted).positives) == sorted(wanted)
+    assert forward(steps, tf.constant(c.x[:1]), wanted).positives == {}  # batch 1: the rule computes it
 
 
 def test_data_has_no_maxpool_ties(cases: dict[str, Case]) -> None:

@@ -43,6 +43,15 @@ from heatinv.lrp.rules import (
 
 OUTPUTS = ("logit", "activation")
 
+STACKED_PRODUCTS_MIN_BATCH = 4
+"""The smallest batch (or an unknown one) whose forward pass computes ``a W+`` with ``a W`` as one map.
+
+Below it the two maps, each small, run faster apart, side by side on two cores: the cnn's
+epsilon_gamma_box inverse step took 1.05, 1.04, 0.99 and 0.98 of the time stacked against
+apart at batch 1, 2, 4 and 8, and 0.94 at 16 to 256 (2-core AMD EPYC,
+``scripts/engine_speed_before_after.py``; the CPU time was the same at batch 1).
+"""
+
 
 @dataclass
 class Forward:
@@ -84,9 +93,11 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
 
     ``positive``: Linear steps whose rule will also want ``a W+``
     (:func:`positive_product_steps`). Where the layer stacks kernels
-    (:func:`heatinv.lrp.rules.stacks`) both products come from one map with ``[W, W+]``
+    (:func:`heatinv.lrp.rules.stacks`) and the batch is not small
+    (:data:`STACKED_PRODUCTS_MIN_BATCH`), both products come from one map with ``[W, W+]``
     side by side: one pass over the input, forward and in the gradient, instead of two (the
-    cnn's inverse step with ``epsilon_plus`` took 0.84-0.92 of the time, alpha-beta 0.90-0.97).
+    cnn's inverse step at batch 64 and 256 took 0.94-0.98 of the time with alpha-beta,
+    epsilon_plus and epsilon_gamma_box).
     """
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
@@ -105,7 +116,8 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
         if isinstance(step, Linear):
             kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
-            if i in positive and stacks(step, kernel, a):
+            batch = a.shape[0]
+            if i in positive and stacks(step, kernel, a) and (batch is None or batch >= STACKED_PRODUCTS_MIN_BATCH):
                 both = step.affine(a, tf.concat([kernel, tf.maximum(kernel, 0.0)], axis=-1), None)
                 product, positives[i] = tf.split(both, 2, axis=-1)
                 products.append(product)
