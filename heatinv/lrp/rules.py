@@ -222,13 +222,8 @@ def zero(a, kernel, bias, relevance, layer, *, product: tf.Tensor | None = None)
 
 
 def _product(a: tf.Tensor, kernel: tf.Tensor, layer: LinearMap, product: tf.Tensor | None) -> tf.Tensor:
-    """``a W``: the forward pass's when given, else computed."""
+    """``a K`` (``a W``, or ``a W+``): the forward pass's when given, else computed."""
     return layer.affine(a, kernel, None) if product is None else product
-
-
-def _positive(a: tf.Tensor, w_pos: tf.Tensor, layer: LinearMap, positive: tf.Tensor | None) -> tf.Tensor:
-    """``a W+``: the forward pass's when given, else computed."""
-    return layer.affine(a, w_pos, None) if positive is None else positive
 
 
 def alpha_beta(
@@ -247,7 +242,7 @@ def alpha_beta(
         # z+ = a W+ + b+ >= 0 term by term, so stab(z+) = z+ + eps: the stabilizer joins the
         # bias. alpha and -beta scale the kernels of the transposed maps, not the ratios:
         # kernel-sized products instead of passes over the activations.
-        positive = _positive(a, w_pos, layer, positive)
+        positive = _product(a, w_pos, layer, positive)
         s_pos = _ratio(relevance, positive + (b_pos + STABILIZER))
         if beta == 0:
             return a * layer.transpose(s_pos, _scaled(alpha, w_pos), a)
@@ -289,13 +284,13 @@ def gamma(
     z = product + bias
     if rectified:  # R = 0 where z <= 0: only the z > 0 outputs, with W + gamma W+ on a+
         if nonnegative:
-            z_up = product + gamma * _positive(a, w_pos, layer, positive) + bias_up
+            z_up = product + gamma * _product(a, w_pos, layer, positive) + bias_up
             return a * layer.transpose(stabilized_ratio(relevance, z_up, STABILIZER), up, a)
         return _split_contributions(a, relevance, layer, up, down, bias_up, STABILIZER)
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
         # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
-        positive = _positive(a, w_pos, layer, positive)
+        positive = _product(a, w_pos, layer, positive)
         z_up = product + gamma * positive + bias_up
         z_down = product + gamma * (product - positive) + bias_down
         s_up = stabilized_ratio(tf.where(z > 0, relevance, tf.zeros_like(relevance)), z_up, STABILIZER)
