@@ -155,6 +155,37 @@ def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative
         assert np.abs(w.numpy()).max() > 0.1, name
 
 
+@pytest.mark.parametrize("onednn", [False, True], ids=["taps", "depthwise"])
+def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_second_derivative(onednn, rng, monkeypatch):
+    """Pairs ``(s_j, K_j)`` given apart: the taps form takes them so, the depthwise form side by side."""
+    import heatinv.lrp.canonical as canonical
+
+    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
+    like_shape, s_shape = [2, 7, 6, 1], [2, 7, 6, 3]
+    tensors = [tf.constant(rng.normal(size=shape)) for shape in (s_shape, s_shape, (3, 3, 1, 3), (3, 3, 1, 3))]
+    weights = tf.constant(rng.normal(size=like_shape))
+    directions = [tf.constant(rng.normal(size=t.shape)) for t in tensors]
+
+    def derivatives(transpose_sum):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch(tensors)
+            with tf.GradientTape() as inner:
+                inner.watch(tensors)
+                value = transpose_sum(*tensors)
+                loss = tf.reduce_sum(tf.square(value) * weights)
+            first = inner.gradient(loss, tensors)
+            directional = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(first, directions)])
+        return [value, *first, *outer.gradient(directional, tensors)]
+
+    got = derivatives(lambda s1, s2, k1, k2: canonical.single_channel_transpose([s1, s2], [k1, k2], "SAME"))
+    want = derivatives(
+        lambda s1, s2, k1, k2: tf.nn.conv_transpose(s1, k1, like_shape, 1, "SAME") + tf.nn.conv_transpose(s2, k2, like_shape, 1, "SAME")
+    )
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12, err_msg=f"derivative {k}")
+        assert np.abs(w.numpy()).max() > 0.1, k
+
+
 def _amplifying_chain(dtype: str) -> keras.Model:
     """16 Dense(1)+ReLU layers whose pre-activation, 2^-10 each, is a 1024th of their input's contribution.
 

@@ -135,11 +135,11 @@ def build_dense(seed: int = 1, head: str | None = None, zero_bias: bool = False,
     return Case(m, x, -1.0, 1.0)
 
 
-def build_conv(seed: int = 3, zero_bias: bool = False) -> Case:
+def build_conv(seed: int = 3, zero_bias: bool = False, channels: int = 2) -> Case:
     """Conv 3x3 same relu -> MaxPool 2 -> Conv valid relu -> AvgPool 2 -> Flatten -> Dense 3."""
     rng = np.random.default_rng(seed)
     m = keras.Sequential([
-        keras.Input((12, 12, 2)),
+        keras.Input((12, 12, channels)),
         L.Conv2D(3, 3, padding="same", activation="relu", name="c1"),
         L.MaxPooling2D(2),
         L.Conv2D(4, 3, padding="valid", activation="relu", name="c2"),
@@ -152,7 +152,7 @@ def build_conv(seed: int = 3, zero_bias: bool = False) -> Case:
     # 12x12 and a batch of 4: c2's kernel (27 taps) is no larger than its input's 36
     # positions, and from batch 4 on the forward pass computes c2's a W and a W+ as one map
     # (heatinv.lrp.propagate.STACKED_PRODUCTS_MIN_BATCH): that path meets the reference too
-    return Case(m, _x(rng, (4, 12, 12, 2), 0.0, 1.0), 0.0, 1.0)
+    return Case(m, _x(rng, (4, 12, 12, channels), 0.0, 1.0), 0.0, 1.0)
 
 
 def build_conv_gavg(seed: int = 4) -> Case:
@@ -744,6 +744,19 @@ def test_engine_rule_on_an_input_of_one_sign(cases: dict[str, Case], rid: str, s
     want = ref.relevance(c.model, x, t, everywhere(spec), **kw(c, **extra))
     got = engine(c.model, x.astype(dtype), t, composite=everywhere(spec), **kw(c, **extra))
     assert_matches(got, want, dtype, f"rule {rid} on {name}, input >= 0")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rid,spec,extra", [rule for rule in RULES if rule[0] in ("zplus", "alpha2_beta1", "gamma")])
+def test_engine_rule_on_a_grey_first_layer(rid: str, spec: Any, extra: dict, dtype: type) -> None:
+    """A first convolution on one channel (grey images, >= 0) takes its transposed maps in a
+    form of its own (:func:`heatinv.lrp.canonical.single_channel_transpose`), given
+    alpha-beta's two maps apart."""
+    c = build_conv(channels=1)
+    t = TARGET[: len(c.x)]
+    want = ref.relevance(c.model, c.x, t, everywhere(spec), **kw(c, **extra))
+    got = engine(c.model, c.xs(dtype), t, composite=everywhere(spec), **kw(c, **extra))
+    assert_matches(got, want, dtype, f"rule {rid} on the grey conv case")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

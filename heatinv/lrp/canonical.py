@@ -221,12 +221,20 @@ class Linear:
             z = _concat_channels([self._convolve(piece, k) for piece, k in pieces])
         return z if bias is None else z + bias
 
-    def transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+    def transpose(self, s, kernel, like: tf.Tensor) -> tf.Tensor:
         """``W^T s``: the adjoint of :meth:`affine`, shaped like the layer input ``like``.
 
         Written as an explicit transposed product/convolution rather than a nested tape:
         eager TensorFlow cannot differentiate the gradient of a convolution a second time.
+        Where :attr:`stackable`, ``s`` and ``kernel`` may be lists of one length, for the sum
+        ``sum_j K_j^T s_j`` as one map: the cotangents and kernels side by side, except on a
+        first layer of one channel, whose taps form takes the pairs as they are (the copies
+        side by side and their gradient's slices were 7 % of alpha-beta's step at batch 256).
         """
+        if isinstance(s, (list, tuple)):
+            if self._to_one_channel(s[0], kernel[0]):
+                return single_channel_transpose(s, kernel, self.layer.padding.upper())
+            s, kernel = tf.concat(s, axis=-1), tf.concat(kernel, axis=-1)
         if self.map == "dense":
             if s.shape.rank == 2:
                 return tf.matmul(s, kernel, transpose_b=True)
@@ -249,11 +257,8 @@ class Linear:
         )
 
     def _convolve_transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
-        layer = self.layer
-        if (
-            s.shape.rank == 4 and kernel.shape[-2] == 1 and set(layer.strides) == {1} and set(layer.dilation_rate) == {1}
-        ):
-            return single_channel_transpose(s, kernel, layer.padding.upper())
+        if self._to_one_channel(s, kernel):
+            return single_channel_transpose(s, kernel, self.layer.padding.upper())
         # TensorFlow's float64 CPU kernel refuses dilation > 1, so dilate the kernel instead.
         return tf.nn.conv_transpose(
             s,
@@ -261,6 +266,14 @@ class Linear:
             output_shape=tf.shape(like),
             strides=list(self.layer.strides),
             padding=self.layer.padding.upper(),
+        )
+
+    def _to_one_channel(self, s: tf.Tensor, kernel: tf.Tensor) -> bool:
+        """Whether the transposed map is :func:`single_channel_transpose`'s: 2D, stride 1, to one channel."""
+        layer = self.layer
+        return (
+            self.map == "conv" and self.part != "pointwise" and s.shape.rank == 4 and kernel.shape[-2] == 1
+            and set(layer.strides) == {1} and set(layer.dilation_rate) == {1}
         )
 
     def _depthwise(self, x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
@@ -503,7 +516,7 @@ class Merge:
 Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge]
 
 
-def single_channel_transpose(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
+def single_channel_transpose(s, kernel, padding: str) -> tf.Tensor:
     """``W^T s`` of a stride-1 2D convolution with one input channel (a first layer on grey images).
 
     A map to one channel is slow as TensorFlow's ``conv_transpose``; which other form is
@@ -515,8 +528,9 @@ def single_channel_transpose(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> t
     ``tf.nn.conv_transpose`` up to the order of the sums.
 
     Args:
-        s: ``[batch, height', width', out_channels]``, the map's cotangent.
-        kernel: ``[kh, kw, 1, out_channels]``.
+        s: ``[batch, height', width', out_channels]``, the map's cotangent; or a list of
+            cotangents, for the sum ``sum_j K_j^T s_j`` of their maps.
+        kernel: ``[kh, kw, 1, out_channels]``; or a list, one kernel per cotangent.
         padding: the convolution's, ``"SAME"`` or ``"VALID"``.
 
     Returns:
@@ -527,35 +541,45 @@ def single_channel_transpose(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> t
     >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
     >>> bool(tf.reduce_max(tf.abs(single_channel_transpose(s, kernel, "SAME") - expected)) < 1e-5)
     True
+    >>> halves = single_channel_transpose([s[..., :2], s[..., 2:]], [kernel[..., :2], kernel[..., 2:]], "SAME")
+    >>> bool(tf.reduce_max(tf.abs(halves - expected)) < 1e-5)
+    True
     """
-    form = transpose_by_depthwise if onednn_enabled() else transpose_by_taps
-    return form(s, kernel, padding)
+    if not onednn_enabled():
+        return transpose_by_taps(s, kernel, padding)
+    if isinstance(s, (list, tuple)):
+        s, kernel = tf.concat(s, axis=-1), tf.concat(kernel, axis=-1)
+    return transpose_by_depthwise(s, kernel, padding)
 
 
-def transpose_by_taps(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
+def transpose_by_taps(s, kernel, padding: str) -> tf.Tensor:
     """:func:`single_channel_transpose` tap by tap, with matrix products: where oneDNN's kernels are off.
 
-    ``U = s K^T`` (a matrix product over the channels: one value per position and kernel
-    tap), then each input position sums the taps that reached it from its neighbours. The
-    gradient is written out as the maps the transposed one is the adjoint of: for ``s``,
-    the convolution (each position's taps of the cotangent, times ``K``); for the kernel,
-    its filter gradient (``s`` against those taps); ordinary ops, so it stays
-    differentiable twice.
+    ``U = sum_j s_j K_j^T`` (matrix products over the channels: one value per position and
+    kernel tap), then each input position sums the taps that reached it from its
+    neighbours. The gradient is written out as the maps the transposed one is the adjoint
+    of: for each ``s_j``, the convolution (each position's taps of the cotangent, times
+    ``K_j``); for each kernel, its filter gradient (``s_j`` against those taps); ordinary
+    ops, so it stays differentiable twice.
 
     Arguments, result and example as :func:`single_channel_transpose`; both forms are
     tested against ``tf.nn.conv_transpose`` to the second derivative.
     """
-    kh, kw, _, channels = kernel.shape
+    cotangents, kernels = (list(s), list(kernel)) if isinstance(s, (list, tuple)) else ([s], [kernel])
+    kh, kw = kernels[0].shape[:2]
     taps = kh * kw
     # the forward convolution's padding: SAME puts (k - 1) // 2 before and the rest after
     before = [(k - 1) // 2 if padding == "SAME" else 0 for k in (kh, kw)]
     after = [k - 1 - b if padding == "SAME" else 0 for k, b in zip((kh, kw), before)]
 
     @tf.custom_gradient
-    def transposed(s, kernel):
-        flat = tf.reshape(kernel, [taps, channels])
-        shape = tf.shape(s)
-        spread = tf.reshape(tf.matmul(tf.reshape(s, [-1, channels]), flat, transpose_b=True), [shape[0], shape[1], shape[2], taps])
+    def transposed(*tensors):
+        cotangents, kernels = tensors[: len(tensors) // 2], tensors[len(tensors) // 2 :]
+        flats = [tf.reshape(k, [taps, k.shape[-1]]) for k in kernels]
+        shape = tf.shape(cotangents[0])
+        rows = [tf.reshape(c, [-1, k.shape[-1]]) for c, k in zip(cotangents, kernels)]
+        spread = tf.add_n([tf.matmul(r, f, transpose_b=True) for r, f in zip(rows, flats)])
+        spread = tf.reshape(spread, [shape[0], shape[1], shape[2], taps])
         # input position q gets tap (dy, dx) of output position q - (dy, dx) + before
         padded = tf.pad(spread, [[0, 0], [kh - 1 - before[0], kh - 1 - after[0]], [kw - 1 - before[1], kw - 1 - after[1]], [0, 0]])
         h, w = shape[1] + kh - 1 - before[0] - after[0], shape[2] + kw - 1 - before[1] - after[1]
@@ -571,13 +595,15 @@ def transpose_by_taps(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tenso
                 tf.concat([g_padded[:, dy : dy + shape[1], dx : dx + shape[2], :] for dy in range(kh) for dx in range(kw)], -1),
                 [-1, taps],
             )
-            to_s = tf.reshape(tf.matmul(taps_of_g, flat), tf.shape(s))
-            to_kernel = tf.reshape(tf.matmul(taps_of_g, tf.reshape(s, [-1, channels]), transpose_a=True), tf.shape(kernel))
-            return to_s, to_kernel
+            to_s = [tf.reshape(tf.matmul(taps_of_g, f), tf.shape(c)) for f, c in zip(flats, cotangents)]
+            to_kernel = [
+                tf.reshape(tf.matmul(taps_of_g, r, transpose_a=True), tf.shape(k)) for r, k in zip(rows, kernels)
+            ]
+            return to_s + to_kernel
 
         return summed[..., None], gradient
 
-    return transposed(s, kernel)
+    return transposed(*cotangents, *kernels)
 
 
 def transpose_by_depthwise(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:

@@ -46,8 +46,9 @@ class LinearMap(Protocol):
     def affine(self, x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor | None) -> tf.Tensor:
         """``x W + b`` (``b`` may be None)."""
 
-    def transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
-        """``W^T s``, shaped like the layer input ``like``."""
+    def transpose(self, s, kernel, like: tf.Tensor) -> tf.Tensor:
+        """``W^T s``, shaped like the layer input ``like``; where ``stackable``, ``s`` and ``kernel``
+        may be lists of one length, for ``sum_j K_j^T s_j`` computed as one map."""
 
 
 class Rule(Protocol):
@@ -165,18 +166,18 @@ def stacks(layer: LinearMap, kernel: tf.Tensor, x: tf.Tensor | None) -> bool:
 
 
 def transpose_sum(layer: LinearMap, cotangents: list, kernels: list, like: tf.Tensor) -> tf.Tensor:
-    """``sum_j K_j^T s_j``: one transposed map with the kernels side by side where the layer allows.
+    """``sum_j K_j^T s_j``: one transposed map, given the pairs, where the layer allows.
 
     Example:
     >>> class Dense:
     ...     stackable = True
-    ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
+    ...     def transpose(self, s, kernel, like): return tf.concat(s, -1) @ tf.transpose(tf.concat(kernel, -1))
     >>> float(transpose_sum(Dense(), [tf.ones([1, 1])] * 2, [tf.ones([2, 1]), 2 * tf.ones([2, 1])], None)[0, 0])
     3.0
     """
     if not stacks(layer, kernels[0], like):
         return tf.add_n([layer.transpose(s, kernel, like) for s, kernel in zip(cotangents, kernels)])
-    return layer.transpose(tf.concat(cotangents, axis=-1), tf.concat(kernels, axis=-1), like)
+    return layer.transpose(list(cotangents), list(kernels), like)
 
 
 def affine_sum(layer: LinearMap, inputs: list, kernels: list) -> tf.Tensor:
