@@ -746,13 +746,22 @@ def test_engine_rule_on_an_input_of_one_sign(cases: dict[str, Case], rid: str, s
     assert_matches(got, want, dtype, f"rule {rid} on {name}, input >= 0")
 
 
+@pytest.mark.parametrize("onednn", [False, True], ids=["taps", "onednn"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("rid,spec,extra", [rule for rule in RULES if rule[0] in ("zplus", "alpha2_beta1", "gamma")])
-def test_engine_rule_on_a_grey_first_layer(rid: str, spec: Any, extra: dict, dtype: type) -> None:
-    """A first convolution on one channel (grey images, >= 0) takes its transposed maps in a
-    form of its own (:func:`heatinv.lrp.canonical.single_channel_transpose`), given
-    alpha-beta's two maps apart."""
+def test_engine_rule_on_a_grey_first_layer(rid: str, spec: Any, extra: dict, dtype: type, onednn: bool, monkeypatch) -> None:
+    """A first convolution on one channel (grey images, >= 0) has forms of its own, chosen by
+    whether TensorFlow runs oneDNN's kernels: without them its map runs tap by tap, ``a W+``
+    comes from the forward pass, and alpha-beta's two transposed maps are given apart
+    (:func:`heatinv.lrp.canonical.single_channel_transpose`); with them, convolutions."""
+    from heatinv.lrp import canonical
+    from heatinv.lrp.composites import resolve
+    from heatinv.lrp.propagate import positive_product_steps
+
+    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
     c = build_conv(channels=1)
+    steps = canonical.canonize(c.model)
+    assert (0 in positive_product_steps(steps, resolve(everywhere(spec)))) == (not onednn)
     t = TARGET[: len(c.x)]
     want = ref.relevance(c.model, c.x, t, everywhere(spec), **kw(c, **extra))
     got = engine(c.model, c.xs(dtype), t, composite=everywhere(spec), **kw(c, **extra))

@@ -215,11 +215,52 @@ class Linear:
             z = self._depthwise(x, kernel)
         elif self.part == "pointwise":
             z = tf.nn.convolution(x, kernel, padding="VALID", data_format=_CHANNELS_LAST[x.shape.rank])
+        elif self.runs_by_taps and kernel.shape[-2] == 1:  # not a rule's inputs side by side
+            (z,) = self.affine_each(x, [kernel])
         else:
             groups = getattr(self.layer, "groups", 1)
             pieces = zip(_split_channels(x, groups), tf.split(kernel, groups, axis=-1))
             z = _concat_channels([self._convolve(piece, k) for piece, k in pieces])
         return z if bias is None else z + bias
+
+    def affine_each(self, x: tf.Tensor, kernels: list) -> list[tf.Tensor]:
+        """``[x K_j for each j]`` (no bias) as one map: the kernels side by side, or, where the
+        map :attr:`runs_by_taps`, one matrix product per kernel on the input's patches, taken once.
+
+        Example:
+        >>> layer = Linear(keras.layers.Conv2D(2, 3, padding="same"))
+        >>> layer.layer.build((None, 5, 5, 1))
+        >>> x, kernel = tf.random.normal([1, 5, 5, 1]), tf.random.normal([3, 3, 1, 2])
+        >>> product, positive = layer.affine_each(x, [kernel, tf.maximum(kernel, 0.0)])
+        >>> bool(tf.reduce_max(tf.abs(product - tf.nn.convolution(x, kernel, padding="SAME"))) < 1e-5)
+        True
+        """
+        if not (self.runs_by_taps and kernels[0].shape[-2] == 1):
+            return tf.split(self.affine(x, tf.concat(kernels, axis=-1), None), len(kernels), axis=-1)
+        kh, kw = kernels[0].shape[:2]
+        patches = patches_of(x, (kh, kw), self.layer.padding.upper())
+        rows = tf.reshape(patches, [-1, kh * kw])
+        spatial = [size if size is not None else tf.shape(patches)[i] for i, size in ((1, patches.shape[1]), (2, patches.shape[2]))]
+        return [tf.reshape(rows @ tf.reshape(k, [kh * kw, k.shape[-1]]), [-1, *spatial, k.shape[-1]]) for k in kernels]
+
+    @property
+    def runs_by_taps(self) -> bool:
+        """Whether the layer's own map runs tap by tap: a 2D convolution of one input channel, stride 1.
+
+        A first layer on grey images, where oneDNN's kernels are off
+        (:func:`heatinv.onednn.onednn_enabled`): ``x K`` as a matrix product of the input's
+        patches (:func:`patches_of`) with the kernel. TensorFlow's own convolution of one
+        channel runs at a fraction of its speed on more: at ``[256, 28, 28, 1]`` to 16
+        channels, 17.0 ms forward and 11.4 ms for the filter gradient against 12.3 ms for the
+        patches (once for all products) and 5.2 and 3.2 ms per product, on the 2-core AMD
+        EPYC of ``docs/notes/speed.md``; with oneDNN's kernels the convolution took 5.6 and 3.4 ms.
+        """
+        layer = self.layer
+        return (
+            self.map == "conv" and self.part == "whole" and len(layer.kernel.shape) == 4 and layer.kernel.shape[-2] == 1
+            and getattr(layer, "groups", 1) == 1 and set(layer.strides) == {1} and set(layer.dilation_rate) == {1}
+            and not onednn_enabled()
+        )
 
     def transpose(self, s, kernel, like: tf.Tensor) -> tf.Tensor:
         """``W^T s``: the adjoint of :meth:`affine`, shaped like the layer input ``like``.
@@ -516,6 +557,36 @@ class Merge:
 Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge]
 
 
+def patches_of(x: tf.Tensor, size: tuple[int, int], padding: str) -> tf.Tensor:
+    """At each output position of a stride-1 2D convolution, its inputs, tap by tap (``im2col``).
+
+    Args:
+        x: ``[batch, height, width, channels]``.
+        size: the kernel's ``(kh, kw)``.
+        padding: the convolution's, ``"SAME"`` or ``"VALID"``.
+
+    Returns:
+        ``[batch, height', width', kh * kw * channels]``: tap ``(dy, dx)`` of channel ``c`` at
+        ``(dy * kw + dx) * channels + c``, the order of a kernel ``[kh, kw, channels, ...]`` reshaped.
+
+    Example:
+    >>> x = tf.reshape(tf.range(9.0), [1, 3, 3, 1])
+    >>> patches_of(x, (3, 3), "VALID").numpy().ravel()
+    array([0., 1., 2., 3., 4., 5., 6., 7., 8.], dtype=float32)
+    """
+    kh, kw = size
+    before, after = _same_padding(size) if padding == "SAME" else ((0, 0), (0, 0))
+    padded = tf.pad(x, [[0, 0], [before[0], after[0]], [before[1], after[1]], [0, 0]])
+    h, w = (padded.shape[i] if padded.shape[i] is not None else tf.shape(padded)[i] for i in (1, 2))
+    return tf.concat([padded[:, dy : dy + h - kh + 1, dx : dx + w - kw + 1, :] for dy in range(kh) for dx in range(kw)], -1)
+
+
+def _same_padding(size: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """SAME's padding before and after, per spatial axis: ``(k - 1) // 2`` before, the rest after."""
+    before = tuple((k - 1) // 2 for k in size)
+    return before, tuple(k - 1 - b for k, b in zip(size, before))
+
+
 def single_channel_transpose(s, kernel, padding: str) -> tf.Tensor:
     """``W^T s`` of a stride-1 2D convolution with one input channel (a first layer on grey images).
 
@@ -568,9 +639,7 @@ def transpose_by_taps(s, kernel, padding: str) -> tf.Tensor:
     cotangents, kernels = (list(s), list(kernel)) if isinstance(s, (list, tuple)) else ([s], [kernel])
     kh, kw = kernels[0].shape[:2]
     taps = kh * kw
-    # the forward convolution's padding: SAME puts (k - 1) // 2 before and the rest after
-    before = [(k - 1) // 2 if padding == "SAME" else 0 for k in (kh, kw)]
-    after = [k - 1 - b if padding == "SAME" else 0 for k, b in zip((kh, kw), before)]
+    before, after = _same_padding((kh, kw)) if padding == "SAME" else ((0, 0), (0, 0))
 
     @tf.custom_gradient
     def transposed(*tensors):
@@ -589,12 +658,7 @@ def transpose_by_taps(s, kernel, padding: str) -> tf.Tensor:
         ])
 
         def gradient(g):
-            # at each output position, g at each tap's input position: [batch * h' * w', taps]
-            g_padded = tf.pad(g, [[0, 0], [before[0], after[0]], [before[1], after[1]], [0, 0]])
-            taps_of_g = tf.reshape(
-                tf.concat([g_padded[:, dy : dy + shape[1], dx : dx + shape[2], :] for dy in range(kh) for dx in range(kw)], -1),
-                [-1, taps],
-            )
+            taps_of_g = tf.reshape(patches_of(g, (kh, kw), padding), [-1, taps])
             to_s = [tf.reshape(tf.matmul(taps_of_g, f), tf.shape(c)) for f, c in zip(flats, cotangents)]
             to_kernel = [
                 tf.reshape(tf.matmul(taps_of_g, r, transpose_a=True), tf.shape(k)) for r, k in zip(rows, kernels)
