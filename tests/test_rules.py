@@ -44,7 +44,10 @@ TOL = {np.float64: 1e-13, np.float32: 1e-5}
 # outputs into a box they leave, so z cancels): its float64 error is 1.1e-14, 100x the other
 # cases', and float32 gave 1.07e-5 (zbox), 1.08e-5 (zbox_dict) and 1.14e-5 (wsquare) on an
 # AMD EPYC, where the CPUs of the first measurement stayed below 1e-5.
-ILL_CONDITIONED_F32 = {("zbox", "conv_gmax"): 5e-5, ("zbox_dict", "conv_gmax"): 5e-5, ("wsquare", "conv_gmax"): 5e-5}
+ILL_CONDITIONED_F32 = {("zbox", "conv_gmax"): 5e-5, ("zbox_dict", "conv_gmax"): 5e-5, ("wsquare", "conv_gmax"): 5e-5,
+                       # alpha-beta's non-negative form takes a W- = a W - a W+, which cancels where the
+                       # negative part is small: 1.08e-5 of max|R| measured, with convolutions or taps alike
+                       ("alpha2_beta1", "conv_grey"): 3e-5}
 DTYPES = [np.float64, np.float32]
 DTYPE_IDS = ["f64", "f32"]
 
@@ -748,24 +751,29 @@ def test_engine_rule_on_an_input_of_one_sign(cases: dict[str, Case], rid: str, s
 
 @pytest.mark.parametrize("onednn", [False, True], ids=["taps", "onednn"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("rid,spec,extra", [rule for rule in RULES if rule[0] in ("zplus", "alpha2_beta1", "gamma")])
+@pytest.mark.parametrize("rid,spec,extra", RULES, ids=RULE_IDS)
 def test_engine_rule_on_a_grey_first_layer(rid: str, spec: Any, extra: dict, dtype: type, onednn: bool, monkeypatch) -> None:
     """A first convolution on one channel (grey images, >= 0) has forms of its own, chosen by
-    whether TensorFlow runs oneDNN's kernels: without them its map runs tap by tap, ``a W+``
-    comes from the forward pass, and alpha-beta's two transposed maps are given apart
+    whether TensorFlow runs oneDNN's kernels: without them its map runs tap by tap (every
+    rule's products), ``a W+`` comes from the forward pass for the rules that split the
+    kernel by sign, and alpha-beta's two transposed maps are given apart
     (:func:`heatinv.lrp.canonical.single_channel_transpose`); with them, convolutions."""
     from heatinv.lrp import canonical
     from heatinv.lrp.composites import resolve
     from heatinv.lrp.propagate import positive_product_steps
 
     monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
-    c = build_conv(channels=1)
+    c = build_conv(seed=6, channels=1)
+    assert ref.count_maxpool_ties(c.model, c.x) == 0  # the premise: one route through max pooling (seed 3 has a tie)
     steps = canonical.canonize(c.model)
-    assert (0 in positive_product_steps(steps, resolve(everywhere(spec)))) == (not onednn)
+    composite = resolve(everywhere(spec))
+    splits = composite.rule_for("conv", is_first=True).takes_positive
+    assert (0 in positive_product_steps(steps, composite)) == (splits and not onednn)
     t = TARGET[: len(c.x)]
     want = ref.relevance(c.model, c.x, t, everywhere(spec), **kw(c, **extra))
     got = engine(c.model, c.xs(dtype), t, composite=everywhere(spec), **kw(c, **extra))
-    assert_matches(got, want, dtype, f"rule {rid} on the grey conv case")
+    rel_tol = ILL_CONDITIONED_F32.get((rid, "conv_grey")) if dtype is np.float32 else None
+    assert_matches(got, want, dtype, f"rule {rid} on the grey conv case", rel_tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
