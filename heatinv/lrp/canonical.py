@@ -270,7 +270,7 @@ class Linear:
         Where :attr:`stackable`, ``s`` and ``kernel`` may be lists of one length, for the sum
         ``sum_j K_j^T s_j`` as one map: the cotangents and kernels side by side, except on a
         first layer of one channel, whose taps form takes the pairs as they are (the copies
-        side by side and their gradient's slices were 7 % of alpha-beta's step at batch 256).
+        side by side and their gradient's slices took 4-8 % of alpha-beta's step at batch 256).
         """
         if isinstance(s, (list, tuple)):
             if self._to_one_channel(s[0], kernel[0]):

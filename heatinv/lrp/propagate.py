@@ -63,8 +63,8 @@ class Forward:
         params: (kernel, bias) of every Linear step (BatchNorm folded), else None.
         products: ``a W`` (no bias) of every Linear step, else None: the rules that use it
             take it from here instead of computing the layer's largest product again.
-        positives: ``a W+`` by step index, for the steps asked for where computed as one map
-            with ``a W`` (:func:`forward`).
+        positives: ``a W+`` by step index, for the steps asked for where computed with
+            ``a W`` as one map or on the same patches (:func:`forward`).
         logits: the explained scores, shape ``[batch, classes]``: the pre-activation of the
             last Dense/Conv step (or its reshaped output).
         values: the output of every step, ``values[i]`` from ``steps[i]`` (in a graph the
@@ -97,7 +97,9 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
     (:data:`STACKED_PRODUCTS_MIN_BATCH`), both products come from one map with ``[W, W+]``
     side by side: one pass over the input, forward and in the gradient, instead of two (the
     cnn's inverse step at batch 64 and 256 took 0.94-0.98 of the time with alpha-beta,
-    epsilon_plus and epsilon_gamma_box).
+    epsilon_plus and epsilon_gamma_box). Where the map runs tap by tap
+    (:attr:`heatinv.lrp.canonical.Linear.runs_by_taps`), at any batch, both are matrix
+    products on the input's patches, taken once.
     """
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
@@ -118,7 +120,7 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             params.append((kernel, bias))
             batch = a.shape[0]
             if i in positive and (
-                step.runs_by_taps or stacks(step, kernel, a) and (batch is None or batch >= STACKED_PRODUCTS_MIN_BATCH)
+                step.runs_by_taps or (stacks(step, kernel, a) and (batch is None or batch >= STACKED_PRODUCTS_MIN_BATCH))
             ):
                 product, positives[i] = step.affine_each(a, [kernel, tf.maximum(kernel, 0.0)])
                 products.append(product)
