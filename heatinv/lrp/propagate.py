@@ -173,8 +173,8 @@ def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
     negative values, its rule's signed form would not use ``a W+``) unless its map runs tap
     by tap (:attr:`heatinv.lrp.canonical.Linear.runs_by_taps`): there ``a W+`` costs one
     matrix product on the patches ``a W`` takes anyway, and the rule's non-negative form
-    takes it. With ``epsilon_alpha2_beta1`` the cnn's inverse step took 0.88 / 0.92 of the
-    time at batch 64 / 256 with both (2-core AMD EPYC).
+    takes it. With ``epsilon_alpha2_beta1`` the cnn's inverse step took 0.89 of the time at
+    batch 64 and 256 with the map and ``a W+`` both on the patches (2-core AMD EPYC).
 
     Example:
     >>> model = keras.Sequential([keras.Input((8, 8, 2)), keras.layers.Conv2D(2, 3, activation="relu"),
@@ -189,7 +189,7 @@ def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
         i
         for i, step in enumerate(steps)
         if isinstance(step, Linear)
-        and (step.sources[0] in nonnegative or i in first and step.runs_by_taps)
+        and (step.sources[0] in nonnegative or (i in first and step.runs_by_taps))
         and composite.rule_for(step.kind, is_first=i in first).takes_positive
     }
 
@@ -408,10 +408,7 @@ def _checking_the_sign(
     signs, and a check would only add its branch to the trace. ``positive``: ``a W+`` from
     the forward pass, for the non-negative form (the signed one splits ``a`` instead).
     """
-    if positive is not None and rule.takes_positive:
-        nonnegative_known = {**known, "positive": positive}
-    else:
-        nonnegative_known = known
+    nonnegative_known = {**known, "positive": positive} if positive is not None and rule.takes_positive else known
     return tf.cond(
         tf.reduce_all(a >= 0),
         lambda: rule(a, kernel, bias, relevance, step, nonnegative=True, **nonnegative_known),
