@@ -215,7 +215,7 @@ class Linear:
             z = self._depthwise(x, kernel)
         elif self.part == "pointwise":
             z = tf.nn.convolution(x, kernel, padding="VALID", data_format=_CHANNELS_LAST[x.shape.rank])
-        elif self.runs_by_taps and kernel.shape[-2] == 1:  # not a rule's inputs side by side
+        elif self._by_taps(kernel):
             (z,) = self.affine_each(x, [kernel])
         else:
             groups = getattr(self.layer, "groups", 1)
@@ -235,7 +235,7 @@ class Linear:
         >>> bool(tf.reduce_max(tf.abs(product - tf.nn.convolution(x, kernel, padding="SAME"))) < 1e-5)
         True
         """
-        if not (self.runs_by_taps and kernels[0].shape[-2] == 1):
+        if not self._by_taps(kernels[0]):
             return tf.split(self.affine(x, tf.concat(kernels, axis=-1), None), len(kernels), axis=-1)
         kh, kw = kernels[0].shape[:2]
         patches = patches_of(x, (kh, kw), self.layer.padding.upper())
@@ -255,12 +255,15 @@ class Linear:
         patches (once for all products) and 5.2 and 3.2 ms per product, on the 2-core AMD
         EPYC of ``docs/notes/speed.md``; with oneDNN's kernels the convolution took 5.6 and 3.4 ms.
         """
-        layer = self.layer
+        whole_conv = self.map == "conv" and self.part == "whole"  # a SeparableConv's halves have no `kernel`
         return (
-            self.map == "conv" and self.part == "whole" and len(layer.kernel.shape) == 4 and layer.kernel.shape[-2] == 1
-            and getattr(layer, "groups", 1) == 1 and set(layer.strides) == {1} and set(layer.dilation_rate) == {1}
+            whole_conv and self._to_one_channel(self.layer.kernel) and getattr(self.layer, "groups", 1) == 1
             and not onednn_enabled()
         )
+
+    def _by_taps(self, kernel: tf.Tensor) -> bool:
+        """Whether this map with ``kernel`` runs tap by tap (not where a rule's inputs are side by side)."""
+        return self.runs_by_taps and kernel.shape[-2] == 1
 
     def transpose(self, s, kernel, like: tf.Tensor) -> tf.Tensor:
         """``W^T s``: the adjoint of :meth:`affine`, shaped like the layer input ``like``.
@@ -273,7 +276,7 @@ class Linear:
         side by side and their gradient's slices took 4-8 % of alpha-beta's step at batch 256).
         """
         if isinstance(s, (list, tuple)):
-            if self._to_one_channel(s[0], kernel[0]):
+            if self._to_one_channel(kernel[0]):
                 return single_channel_transpose(s, kernel, self.layer.padding.upper())
             s, kernel = tf.concat(s, axis=-1), tf.concat(kernel, axis=-1)
         if self.map == "dense":
@@ -298,7 +301,7 @@ class Linear:
         )
 
     def _convolve_transpose(self, s: tf.Tensor, kernel: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
-        if self._to_one_channel(s, kernel):
+        if self._to_one_channel(kernel):
             return single_channel_transpose(s, kernel, self.layer.padding.upper())
         # TensorFlow's float64 CPU kernel refuses dilation > 1, so dilate the kernel instead.
         return tf.nn.conv_transpose(
@@ -309,11 +312,12 @@ class Linear:
             padding=self.layer.padding.upper(),
         )
 
-    def _to_one_channel(self, s: tf.Tensor, kernel: tf.Tensor) -> bool:
-        """Whether the transposed map is :func:`single_channel_transpose`'s: 2D, stride 1, to one channel."""
+    def _to_one_channel(self, kernel) -> bool:
+        """Whether the map with ``kernel`` is a 2D convolution, stride 1, from one channel (its
+        transposed map :func:`single_channel_transpose`'s); ``kernel``: a group's piece, or the layer's."""
         layer = self.layer
         return (
-            self.map == "conv" and self.part != "pointwise" and s.shape.rank == 4 and kernel.shape[-2] == 1
+            self.map == "conv" and self.part != "pointwise" and len(kernel.shape) == 4 and kernel.shape[-2] == 1
             and set(layer.strides) == {1} and set(layer.dilation_rate) == {1}
         )
 
