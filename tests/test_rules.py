@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import numpy_lrp as ref
 from heatinv.layers import SoftplusBeta
+from heatinv.lrp import max_pool
 from heatinv.lrp.max_pool import _route_to_winners, max_pool_with_mask, winner_takes_all
 
 # ---------------------------------------------------------------------------
@@ -916,9 +917,17 @@ ROUTINGS = {
 }
 
 
+@pytest.fixture(params=[False, True], ids=["spread", "onednn"])
+def pool_kernels(request, monkeypatch) -> bool:
+    """Both forms of the CPU routing, whatever this machine's CPU: spreading over the winners' mask
+    (oneDNN's kernels off) and max pooling's own gradient (on); either form runs on either CPU."""
+    monkeypatch.setattr(max_pool, "onednn_enabled", lambda: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
-def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype, routing) -> None:
+def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype, routing, pool_kernels) -> None:
     """Winner-takes-all with tied maxima, worked out by hand: the window's first maximal input
     (row-major) takes all of its output's relevance; the row and column that no 2x2 window
     covers get none."""
@@ -948,7 +957,7 @@ def test_max_pool_routing_gives_ties_to_the_first_input_of_the_window(dtype, rou
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
-def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dtype, size, routing) -> None:
+def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dtype, size, routing, pool_kernels) -> None:
     """Windows of 1x1 (the identity), 2x2, 3x3 and 4x4 over three channels, an odd input size
     (cropped at the bottom and right), against a plain loop over the windows; integer values
     give ties. The routing's derivative (what the inverse step differentiates) gathers a
@@ -989,7 +998,7 @@ def test_max_pool_routing_over_channels_and_window_sizes_matches_a_numpy_loop(dt
 
 
 @pytest.mark.parametrize("routing", list(ROUTINGS))
-def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_finite(routing) -> None:
+def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_finite(routing, pool_kernels) -> None:
     """The derivative gathers the winner's cotangent only: an inf or NaN at an input that lost
     its window (a = 0 against 1) does not reach the relevance's gradient."""
     a = tf.constant([[1.0, 0.0], [0.0, 0.0]])[None, :, :, None]
@@ -1014,7 +1023,7 @@ def test_max_pool_routing_drops_a_losing_inputs_cotangent_even_when_it_is_not_fi
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
 @pytest.mark.parametrize("size", [2, 4])
-def test_the_forward_max_poolings_gradient_through_the_winners_mask_is_max_poolings_own(dtype, size) -> None:
+def test_the_forward_max_poolings_gradient_through_the_winners_mask_is_max_poolings_own(dtype, size, pool_kernels) -> None:
     """Where a tape records it, the forward pass's max pooling finds its winners' mask once and
     spreads its cotangent to them: equal to TensorFlow's ``MaxPoolGrad``, ties (integer values)
     and the row and column no window covers included, and an inf or NaN cotangent reaches
