@@ -272,8 +272,9 @@ class Linear:
         eager TensorFlow cannot differentiate the gradient of a convolution a second time.
         Where :attr:`stackable`, ``s`` and ``kernel`` may be lists of one length, for the sum
         ``sum_j K_j^T s_j`` as one map: the cotangents and kernels side by side, except on a
-        first layer of one channel, whose taps form takes the pairs as they are (the copies
-        side by side and their gradient's slices took 4-8 % of alpha-beta's step at batch 256).
+        first layer of one channel, whose two forms (:func:`single_channel_transpose`) take
+        the pairs as they are (the copies side by side and their gradient's slices took 4-8 %
+        of alpha-beta's step at batch 256 with oneDNN's kernels off, 8 % with them on).
         """
         if isinstance(s, (list, tuple)):
             if self._to_one_channel(kernel[0]):
@@ -622,8 +623,6 @@ def single_channel_transpose(s, kernel, padding: str) -> tf.Tensor:
     """
     if not onednn_enabled():
         return transpose_by_taps(s, kernel, padding)
-    if isinstance(s, (list, tuple)):
-        s, kernel = tf.concat(s, axis=-1), tf.concat(kernel, axis=-1)
     return transpose_by_depthwise(s, kernel, padding)
 
 
@@ -674,39 +673,46 @@ def transpose_by_taps(s, kernel, padding: str) -> tf.Tensor:
     return transposed(*cotangents, *kernels)
 
 
-def transpose_by_depthwise(s: tf.Tensor, kernel: tf.Tensor, padding: str) -> tf.Tensor:
+def transpose_by_depthwise(s, kernel, padding: str) -> tf.Tensor:
     """:func:`single_channel_transpose` as a depthwise map of ``s`` summed over its channels: where oneDNN's kernels are on.
 
-    Its gradient is written out as the maps the transposed one is the adjoint of: the
-    forward convolution for ``s`` and the convolution's filter gradient for the kernel, both
-    ordinary ops, so it stays differentiable twice.
+    A sum ``sum_j K_j^T s_j`` takes one depthwise map per pair, added before the sum over
+    channels: no copy of the cotangents side by side. Its gradient is written out as the
+    maps the transposed one is the adjoint of: the forward convolution for each ``s_j`` and
+    the convolution's filter gradient for each kernel, both ordinary ops, so it stays
+    differentiable twice.
 
     Arguments, result and example as :func:`single_channel_transpose`; both forms are
     tested against ``tf.nn.conv_transpose`` to the second derivative.
     """
     # The transposed map of a stride-1 convolution is a convolution with the kernel flipped,
     # padded by what the forward one left out on each side.
-    sizes = kernel.shape[:2]
+    cotangents, kernels = (list(s), list(kernel)) if isinstance(s, (list, tuple)) else ([s], [kernel])
+    sizes = kernels[0].shape[:2]
     if padding == "SAME":
         pads = [[k - 1 - (k - 1) // 2, k - 1 - k // 2] for k in sizes]
     else:
         pads = [[k - 1, k - 1] for k in sizes]
 
     @tf.custom_gradient
-    def transposed(s, kernel):
-        padded = tf.pad(s, [[0, 0], *pads, [0, 0]])
-        per_channel = tf.nn.depthwise_conv2d(padded, tf.reverse(kernel, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], "VALID")
+    def transposed(*tensors):
+        cotangents, kernels = tensors[: len(tensors) // 2], tensors[len(tensors) // 2 :]
+        per_channel = tf.add_n([
+            tf.nn.depthwise_conv2d(tf.pad(c, [[0, 0], *pads, [0, 0]]), tf.reverse(k, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], "VALID")
+            for c, k in zip(cotangents, kernels)
+        ])
 
         def gradient(g):
-            to_s = tf.nn.convolution(g, kernel, padding=padding, data_format="NHWC")
-            to_kernel = tf.raw_ops.Conv2DBackpropFilter(
-                input=g, filter_sizes=tf.shape(kernel), out_backprop=s, strides=[1, 1, 1, 1], padding=padding
-            )
-            return to_s, to_kernel
+            to_s = [tf.nn.convolution(g, k, padding=padding, data_format="NHWC") for k in kernels]
+            to_kernel = [
+                tf.raw_ops.Conv2DBackpropFilter(input=g, filter_sizes=tf.shape(k), out_backprop=c, strides=[1, 1, 1, 1], padding=padding)
+                for c, k in zip(cotangents, kernels)
+            ]
+            return to_s + to_kernel
 
         return tf.reduce_sum(per_channel, -1, keepdims=True), gradient
 
-    return transposed(s, kernel)
+    return transposed(*cotangents, *kernels)
 
 
 def dilate_kernel(kernel: tf.Tensor, rates: tuple[int, ...]) -> tf.Tensor:
