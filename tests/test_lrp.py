@@ -157,7 +157,7 @@ def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative
 
 @pytest.mark.parametrize("onednn", [False, True], ids=["taps", "depthwise"])
 def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_second_derivative(onednn, rng, monkeypatch):
-    """Pairs ``(s_j, K_j)`` given apart: the taps form takes them so, the depthwise form side by side."""
+    """Pairs ``(s_j, K_j)`` given apart, as both forms take them (no copy side by side)."""
     import heatinv.lrp.canonical as canonical
 
     monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
