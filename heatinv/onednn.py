@@ -7,7 +7,7 @@ def onednn_enabled() -> bool | None:
     """Whether this TensorFlow runs oneDNN's CPU kernels; None where it cannot tell.
 
     TensorFlow turns them on by default only on CPUs with AVX-512's neural-network
-    instructions (the Intel Xeon of earlier runs), off elsewhere (the AMD EPYC);
+    instructions (the Intel Xeon of earlier runs, an AMD EPYC with AVX-512), off elsewhere (an AMD EPYC without);
     ``TF_ENABLE_ONEDNN_OPTS=1`` / ``0`` set them before TensorFlow is imported. TensorFlow
     has no public way to ask, so this reads the flag its own tests read.
 
