@@ -639,7 +639,7 @@ def transpose_by_taps(s, kernel, padding: str) -> tf.Tensor:
     Arguments, result and example as :func:`single_channel_transpose`; both forms are
     tested against ``tf.nn.conv_transpose`` to the second derivative.
     """
-    cotangents, kernels = (list(s), list(kernel)) if isinstance(s, (list, tuple)) else ([s], [kernel])
+    cotangents, kernels = _pairs(s, kernel)
     kh, kw = kernels[0].shape[:2]
     taps = kh * kw
     before, after = _same_padding((kh, kw)) if padding == "SAME" else ((0, 0), (0, 0))
@@ -689,22 +689,23 @@ def transpose_by_depthwise(s, kernel, padding: str) -> tf.Tensor:
     # padded by what the forward one left out on each side: for odd sizes under SAME, SAME's
     # own padding, which the depthwise map then adds itself (a copy of the cotangent padded
     # took 1.6-1.9 ms of alpha-beta's step at batch 256, per pair).
-    cotangents, kernels = (list(s), list(kernel)) if isinstance(s, (list, tuple)) else ([s], [kernel])
+    cotangents, kernels = _pairs(s, kernel)
     sizes = kernels[0].shape[:2]
-    if padding == "SAME":
-        pads = [[k - 1 - (k - 1) // 2, k - 1 - k // 2] for k in sizes]
+    if padding == "SAME" and all(k % 2 for k in sizes):
+        pads, mode = None, "SAME"
+    elif padding == "SAME":
+        pads, mode = [[k - 1 - (k - 1) // 2, k - 1 - k // 2] for k in sizes], "VALID"
     else:
-        pads = [[k - 1, k - 1] for k in sizes]
-    as_same = padding == "SAME" and all(k % 2 for k in sizes)
+        pads, mode = [[k - 1, k - 1] for k in sizes], "VALID"
 
     def padded(c: tf.Tensor) -> tf.Tensor:
-        return c if as_same else tf.pad(c, [[0, 0], *pads, [0, 0]])
+        return c if pads is None else tf.pad(c, [[0, 0], *pads, [0, 0]])
 
     @tf.custom_gradient
     def transposed(*tensors):
         cotangents, kernels = tensors[: len(tensors) // 2], tensors[len(tensors) // 2 :]
         per_channel = tf.add_n([
-            tf.nn.depthwise_conv2d(padded(c), tf.reverse(k, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], "SAME" if as_same else "VALID")
+            tf.nn.depthwise_conv2d(padded(c), tf.reverse(k, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], mode)
             for c, k in zip(cotangents, kernels)
         ])
 
@@ -719,6 +720,11 @@ def transpose_by_depthwise(s, kernel, padding: str) -> tf.Tensor:
         return tf.reduce_sum(per_channel, -1, keepdims=True), gradient
 
     return transposed(*cotangents, *kernels)
+
+
+def _pairs(s, kernel) -> tuple[list, list]:
+    """The cotangents and kernels of :func:`single_channel_transpose`'s arguments as two lists of one length."""
+    return (list(s), list(kernel)) if isinstance(s, (list, tuple)) else ([s], [kernel])
 
 
 def dilate_kernel(kernel: tf.Tensor, rates: tuple[int, ...]) -> tf.Tensor:
