@@ -115,19 +115,19 @@ def _route_through_mask(
 ) -> tf.Tensor:
     """Square 2-D windows of a power-of-two size that tile the input, on TensorFlow's CPU kernel.
 
-    The routing is the relevance spread to the winners of ``mask`` (:func:`winners_mask`,
-    max pooling's own gradient of ones), or, where oneDNN's kernels run, max pooling's own
-    gradient of the relevance, which puts it at the same winners in one op: the cnn's inverse
-    step took 0.95-0.98 of the time with it and the pooling's own gradient
-    (:func:`max_pool_with_mask`) on a 2-core AMD EPYC with AVX-512, epsilon_plus and
-    epsilon_gamma_box at batch 64 and 256 (0.90-0.95 in a first run). Its derivative gathers
-    each window's winner, as the window's sum of the mask times the cotangent, an average
-    pooling times the area: one non-zero term, scaled by a power of two and back, exact for float32/64 down to the
-    smallest normal number times the area (below it, the CPU flushes to zero anyway; float16,
-    whose range ends far sooner, keeps TensorFlow's kernel). Both directions pick the same
-    input among ties, and a losing input's relevance or cotangent is dropped even when it is
-    not finite. TensorFlow's own ``MaxPoolGrad`` and ``MaxPoolGradGrad`` find the winners
-    anew in each direction: the second was a tenth of the cnn's inverse step at batch 256.
+    The routing is the relevance spread to the winners of ``mask`` (:func:`winners_mask`, max
+    pooling's own gradient of ones), or, where oneDNN's kernels run, max pooling's own gradient
+    of the relevance, which puts it at the same winners in one op: the cnn's inverse step took
+    0.95-0.98 of the time with it and the pooling's own gradient (:func:`max_pool_with_mask`) on
+    a 2-core AMD EPYC with AVX-512, epsilon_plus and epsilon_gamma_box at batch 64 and 256
+    (0.90-0.95 in a first run). Its derivative gathers each window's winner, as the window's sum
+    of the mask times the cotangent, an average pooling times the area: one non-zero term,
+    scaled by a power of two and back, exact for float32/64 down to the smallest normal number
+    times the area (below it, the CPU flushes to zero anyway; float16, whose range ends far
+    sooner, keeps TensorFlow's kernel). Both directions pick the same input among ties, and a
+    losing input's relevance or cotangent is dropped even when it is not finite. TensorFlow's
+    own ``MaxPoolGrad`` and ``MaxPoolGradGrad`` find the winners anew in each direction: the
+    second was a tenth of the cnn's inverse step at batch 256.
     """
 
     @tf.custom_gradient
