@@ -66,11 +66,14 @@ def test_weight_and_input_gradients_match_finite_differences(kind, composite, rn
 
 
 @pytest.mark.parametrize("composite", ["epsilon_gamma_box", "epsilon_alpha2_beta1"])
-def test_weight_gradients_through_the_forward_passs_a_w_plus_match_finite_differences(composite, rng):
+def test_weight_gradients_through_the_forward_passs_a_w_plus_match_finite_differences(composite, rng, monkeypatch):
     """From batch 4 on, a conv layer after a ReLU gets ``a W`` and ``a W+`` from one map of the
-    forward pass (``STACKED_PRODUCTS_MIN_BATCH``); its kernel's gradient goes through both."""
+    forward pass (``STACKED_PRODUCTS_MIN_BATCH``) where oneDNN's kernels are off (so here,
+    on any CPU); its kernel's gradient goes through both."""
+    from heatinv.lrp import propagate
     from heatinv.lrp.propagate import STACKED_PRODUCTS_MIN_BATCH, positive_product_steps
 
+    monkeypatch.setattr(propagate, "onednn_enabled", lambda: False)
     keras.utils.set_random_seed(5)
     model = keras.Sequential([
         keras.Input((12, 12, 2), dtype="float64"),

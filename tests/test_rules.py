@@ -412,20 +412,44 @@ def test_models_are_not_degenerate(cases: dict[str, Case]) -> None:
                 assert 0.25 <= frac, f"{name}: op {i} has only {frac:.0%} active units"
 
 
+@pytest.mark.parametrize("onednn", [False, True], ids=["onednn_off", "onednn_on"])
 @pytest.mark.parametrize("composite", ["epsilon_alpha2_beta1", "epsilon_gamma_box", "epsilon_plus"])
-def test_the_conv_case_takes_both_forms_of_a_w_plus(cases: dict[str, Case], composite: str) -> None:
+def test_the_conv_case_takes_both_forms_of_a_w_plus(
+    cases: dict[str, Case], composite: str, onednn: bool, monkeypatch
+) -> None:
     """The engine's comparisons with the reference cover ``a W+`` both ways on the conv case:
-    computed by the rule (the first layer) and with ``a W`` as one map by the forward pass (c2)."""
+    computed by the rule (the first layer; c2 where oneDNN's kernels run) and with ``a W`` as
+    one map by the forward pass (c2 where they do not); both forms are compared on any CPU
+    (:func:`test_engine_a_w_plus_both_ways`)."""
+    from heatinv.lrp import propagate
     from heatinv.lrp.canonical import canonize
     from heatinv.lrp.composites import resolve
     from heatinv.lrp.propagate import forward, positive_product_steps
 
+    monkeypatch.setattr(propagate, "onednn_enabled", lambda: onednn)
     c = cases["conv"]
     steps = canonize(c.model)
     wanted = positive_product_steps(steps, resolve(composite))
-    assert [steps[i].name for i in wanted] == ["c2"]
+    assert [steps[i].name for i in wanted] == ([] if onednn else ["c2"])
     assert sorted(forward(steps, tf.constant(c.x), wanted).positives) == sorted(wanted)
     assert forward(steps, tf.constant(c.x[:1]), wanted).positives == {}  # batch 1: the rule computes it
+
+
+@pytest.mark.parametrize("onednn", [False, True], ids=["onednn_off", "onednn_on"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("composite", ["epsilon_alpha2_beta1", "epsilon_gamma_box", "epsilon_plus"])
+def test_engine_a_w_plus_both_ways(cases: dict[str, Case], composite: str, dtype: type, onednn: bool, monkeypatch) -> None:
+    """c2 of the conv case (after a ReLU, followed by one) takes ``a W+`` from the forward
+    pass's map of ``[W, W+]`` where oneDNN's kernels are off, and computes its own maps where
+    they run (the gamma rule: ``a (W + gamma W+)``): on any CPU, both meet the reference."""
+    from heatinv.lrp import propagate
+
+    monkeypatch.setattr(propagate, "onednn_enabled", lambda: onednn)
+    c = cases["conv"]
+    t = TARGET[: len(c.x)]
+    want = ref.relevance(c.model, c.x, t, composite, **kw(c))
+    got = engine(c.model, c.xs(dtype), t, composite=composite, **kw(c))
+    assert_matches(got, want, dtype, f"{composite} on the conv case, oneDNN {'on' if onednn else 'off'}")
 
 
 def test_data_has_no_maxpool_ties(cases: dict[str, Case]) -> None:
@@ -759,11 +783,12 @@ def test_engine_rule_on_a_grey_first_layer(rid: str, spec: Any, extra: dict, dty
     rule's products), ``a W+`` comes from the forward pass for the rules that split the
     kernel by sign, and alpha-beta's two transposed maps are given apart
     (:func:`heatinv.lrp.canonical.single_channel_transpose`); with them, convolutions."""
-    from heatinv.lrp import canonical
+    from heatinv.lrp import canonical, propagate
     from heatinv.lrp.composites import resolve
     from heatinv.lrp.propagate import positive_product_steps
 
     monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
+    monkeypatch.setattr(propagate, "onednn_enabled", lambda: onednn)
     c = build_conv(seed=6, channels=1)
     assert ref.count_maxpool_ties(c.model, c.x) == 0  # the premise: one route through max pooling (seed 3 has a tie)
     steps = canonical.canonize(c.model)

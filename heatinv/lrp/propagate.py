@@ -40,6 +40,7 @@ from heatinv.lrp.rules import (
     stacks,
     sum_rule,
 )
+from heatinv.onednn import onednn_enabled
 
 OUTPUTS = ("logit", "activation")
 
@@ -48,8 +49,9 @@ STACKED_PRODUCTS_MIN_BATCH = 4
 
 Below it the two maps, each small, run faster apart, side by side on two cores: the cnn's
 epsilon_gamma_box inverse step took 1.05, 1.04, 0.99 and 0.98 of the time stacked against
-apart at batch 1, 2, 4 and 8, and 0.94 at 16 to 256 (2-core AMD EPYC,
-``scripts/engine_speed_before_after.py``; the CPU time was the same at batch 1).
+apart at batch 1, 2, 4 and 8, and 0.94 at 16 to 256 (2-core AMD EPYC without AVX-512,
+oneDNN's kernels off, ``scripts/engine_speed_before_after.py``; the CPU time was the same
+at batch 1).
 """
 
 
@@ -97,7 +99,8 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
     (:data:`STACKED_PRODUCTS_MIN_BATCH`), both products come from one map with ``[W, W+]``
     side by side: one pass over the input, forward and in the gradient, instead of two (the
     cnn's inverse step at batch 64 and 256 took 0.94-0.98 of the time with alpha-beta,
-    epsilon_plus and epsilon_gamma_box). Where the map runs tap by tap
+    epsilon_plus and epsilon_gamma_box on a 2-core AMD EPYC without AVX-512, oneDNN's kernels
+    off; where they run, no step is given). Where the map runs tap by tap
     (:attr:`heatinv.lrp.canonical.Linear.runs_by_taps`), at any batch, both are matrix
     products on the input's patches, taken once.
     """
@@ -169,6 +172,15 @@ def logit_step(steps: list[Step]) -> int:
 def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
     """The Linear steps whose rule takes ``a W+`` and gets an input ``>= 0`` by construction.
 
+    None where oneDNN's kernels run (:func:`heatinv.onednn.onednn_enabled`): each rule then
+    computes its own maps, and the forward pass's ``a W`` stays a map alone, which oneDNN
+    computes faster than one map of ``[W, W+]`` and its split; a rectified gamma rule computes
+    ``a (W + gamma W+)`` as one map. On a 2-core AMD EPYC with AVX-512 the cnn's inverse step
+    took 0.86-0.96 and 0.93-0.97 of the time at batch 64 and 256 with epsilon_plus,
+    0.94-0.97 and 0.97 with epsilon_gamma_box, 0.92-1.00 and 1.00-1.01 with alpha-beta (two
+    runs of ``scripts/engine_speed_before_after.py``). With oneDNN's kernels off the one map
+    is the faster (below, :func:`forward`).
+
     A first layer whose input's sign is checked at run time is left out (where the batch has
     negative values, its rule's signed form would not use ``a W+``) unless its map runs tap
     by tap (:attr:`heatinv.lrp.canonical.Linear.runs_by_taps`): there ``a W+`` costs one
@@ -181,9 +193,11 @@ def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
     ...                           keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(2)])
     >>> from heatinv.lrp.canonical import canonize
     >>> from heatinv.lrp.composites import resolve
-    >>> sorted(positive_product_steps(canonize(model), resolve("epsilon_plus")))
-    [1]
+    >>> sorted(positive_product_steps(canonize(model), resolve("epsilon_plus"))) == ([] if onednn_enabled() else [1])
+    True
     """
+    if onednn_enabled():
+        return set()
     first, nonnegative = first_linear_steps(steps), nonnegative_steps(steps)
     return {
         i

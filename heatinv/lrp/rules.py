@@ -281,13 +281,18 @@ def gamma(
     down = kernel + gamma * tf.minimum(kernel, 0.0)
     bias_up = bias + gamma * tf.maximum(bias, 0.0)
     bias_down = bias + gamma * tf.minimum(bias, 0.0)
-    product = _product(a, kernel, layer, product)
-    z = product + bias
     if rectified:  # R = 0 where z <= 0: only the z > 0 outputs, with W + gamma W+ on a+
         if nonnegative:
-            z_up = product + gamma * _product(a, w_pos, layer, positive) + bias_up
+            # z_up = a (W + gamma W+) + b_up: from the forward pass's a W and a W+ where it
+            # computed both as one map, else as one map of its own (not a W+ next to a W).
+            if positive is None:
+                z_up = layer.affine(a, up, bias_up)
+            else:
+                z_up = _product(a, kernel, layer, product) + gamma * positive + bias_up
             return a * layer.transpose(stabilized_ratio(relevance, z_up, STABILIZER), up, a)
         return _split_contributions(a, relevance, layer, up, down, bias_up, STABILIZER)
+    product = _product(a, kernel, layer, product)
+    z = product + bias
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
         # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
