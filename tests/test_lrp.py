@@ -189,6 +189,52 @@ def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_s
         assert np.abs(w.numpy()).max() > 0.1, k
 
 
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("size", [(3, 3), (2, 4)])
+def test_single_channel_maps_of_one_cotangent_equal_conv_transposes_to_the_second_derivative(padding, size, rng):
+    """``[K_j^T s for each j]`` by depthwise maps, their gradient written out with the kernels side by side."""
+    import heatinv.lrp.canonical as canonical
+
+    like_shape = [2, 7, 6, 1]
+    kernels = [tf.constant(rng.normal(size=(*size, 1, 3))) for _ in range(2)]
+    s = tf.constant(rng.normal(size=tf.nn.convolution(tf.zeros(like_shape, tf.float64), kernels[0], padding=padding).shape))
+    tensors = [s, *kernels]
+    weights = [tf.constant(rng.normal(size=like_shape)) for _ in kernels]
+    directions = [tf.constant(rng.normal(size=t.shape)) for t in tensors]
+
+    def derivatives(transpose_each):
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch(tensors)
+            with tf.GradientTape() as inner:
+                inner.watch(tensors)
+                values = transpose_each(s, kernels)
+                loss = tf.add_n([tf.reduce_sum(tf.square(v) * w) for v, w in zip(values, weights)])
+            first = inner.gradient(loss, tensors)
+            directional = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(first, directions)])
+        return [*values, *first, *outer.gradient(directional, tensors)]
+
+    got = derivatives(lambda s, ks: canonical.single_channel_transpose_each(s, ks, padding))
+    want = derivatives(lambda s, ks: [tf.nn.conv_transpose(s, k, like_shape, 1, padding) for k in ks])
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12, err_msg=f"output {k}")
+        assert np.abs(w.numpy()).max() > 0.1, k
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_a_one_channel_layers_maps_of_one_cotangent_take_the_form_for_tensorflows_kernels(onednn, monkeypatch):
+    """Depthwise maps under oneDNN's kernels; without them one transposed map, the kernels side by side."""
+    import heatinv.lrp.canonical as canonical
+
+    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
+    called = []
+    monkeypatch.setattr(canonical, "single_channel_transpose_each", lambda s, ks, padding: called.append(len(ks)) or [s[..., :1]] * len(ks))
+    layer = canonize(keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Conv2D(2, 3, padding="same")]))[0]
+    s, kernel = tf.ones([1, 4, 4, 2]), tf.ones([3, 3, 1, 2])
+    maps = layer.transpose(s, [kernel, 2 * kernel], tf.zeros([1, 4, 4, 1]))
+    assert called == ([2] if onednn else [])
+    assert [m.shape for m in maps] == [(1, 4, 4, 1)] * 2
+
+
 def _amplifying_chain(dtype: str) -> keras.Model:
     """16 Dense(1)+ReLU layers whose pre-activation, 2^-10 each, is a 1024th of their input's contribution.
 

@@ -274,8 +274,12 @@ class Linear:
         ``sum_j K_j^T s_j`` as one map: the cotangents and kernels side by side, except on a
         first layer of one channel, whose two forms (:func:`single_channel_transpose`) take
         the pairs as they are (the copies side by side and their gradient's slices took 4-8 %
-        of alpha-beta's step at batch 256 with oneDNN's kernels off, 8 % with them on).
+        of alpha-beta's step at batch 256 with oneDNN's kernels off, 8 % with them on). With
+        ``s`` one tensor and ``kernel`` a list, the list ``[K_j^T s for each j]`` (see
+        :meth:`_transpose_each`).
         """
+        if isinstance(kernel, (list, tuple)) and not isinstance(s, (list, tuple)):
+            return self._transpose_each(s, list(kernel), like)
         if isinstance(s, (list, tuple)):
             if self._to_one_channel(kernel[0]):
                 return single_channel_transpose(s, kernel, self.layer.padding.upper())
@@ -293,6 +297,19 @@ class Linear:
             _split_channels(s, groups), tf.split(kernel, groups, axis=-1), _split_channels(like, groups)
         )
         return _concat_channels([self._convolve_transpose(piece, k, part) for piece, k, part in pieces])
+
+    def _transpose_each(self, s: tf.Tensor, kernels: list, like: tf.Tensor) -> list[tf.Tensor]:
+        """``[K_j^T s for each j]`` as one map, the kernels side by side, split after.
+
+        On a first layer of one channel where oneDNN's kernels run, one depthwise map per
+        kernel instead (:func:`single_channel_transpose_each`): oneDNN's transposed map from
+        16 channels to 2 took 5.0 ms at ``[256, 28, 28]`` against 3.3-4.1 for two depthwise
+        maps summed over their channels, and it ran alone in z^B's step.
+        """
+        if self._to_one_channel(kernels[0]) and onednn_enabled():
+            return single_channel_transpose_each(s, kernels, self.layer.padding.upper())
+        stacked_like = None if like is None else tf.concat([like] * len(kernels), axis=-1)
+        return tf.split(self.transpose(s, tf.concat(kernels, axis=-2), stacked_like), len(kernels), axis=-1)
 
     def _convolve(self, x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
         layer = self.layer
@@ -685,29 +702,13 @@ def transpose_by_depthwise(s, kernel, padding: str) -> tf.Tensor:
     Arguments, result and example as :func:`single_channel_transpose`; both forms are
     tested against ``tf.nn.conv_transpose`` to the second derivative.
     """
-    # The transposed map of a stride-1 convolution is a convolution with the kernel flipped,
-    # padded by what the forward one left out on each side: for odd sizes under SAME, SAME's
-    # own padding, which the depthwise map then adds itself (a copy of the cotangent padded
-    # took 1.6-1.9 ms of alpha-beta's step at batch 256, per pair).
     cotangents, kernels = _pairs(s, kernel)
-    sizes = kernels[0].shape[:2]
-    if padding == "SAME" and all(k % 2 for k in sizes):
-        pads, mode = None, "SAME"
-    elif padding == "SAME":
-        pads, mode = [[k - 1 - (k - 1) // 2, k - 1 - k // 2] for k in sizes], "VALID"
-    else:
-        pads, mode = [[k - 1, k - 1] for k in sizes], "VALID"
-
-    def padded(c: tf.Tensor) -> tf.Tensor:
-        return c if pads is None else tf.pad(c, [[0, 0], *pads, [0, 0]])
+    per_channel_map = _depthwise_transpose_map(kernels[0].shape[:2], padding)
 
     @tf.custom_gradient
     def transposed(*tensors):
         cotangents, kernels = tensors[: len(tensors) // 2], tensors[len(tensors) // 2 :]
-        per_channel = tf.add_n([
-            tf.nn.depthwise_conv2d(padded(c), tf.reverse(k, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], mode)
-            for c, k in zip(cotangents, kernels)
-        ])
+        per_channel = tf.add_n([per_channel_map(c, k) for c, k in zip(cotangents, kernels)])
 
         def gradient(g):
             to_s = [tf.nn.convolution(g, k, padding=padding, data_format="NHWC") for k in kernels]
@@ -720,6 +721,70 @@ def transpose_by_depthwise(s, kernel, padding: str) -> tf.Tensor:
         return tf.reduce_sum(per_channel, -1, keepdims=True), gradient
 
     return transposed(*cotangents, *kernels)
+
+
+def single_channel_transpose_each(s: tf.Tensor, kernels: list, padding: str) -> list[tf.Tensor]:
+    """``[K_j^T s for each j]`` of a stride-1 2D convolution with one input channel, where oneDNN's kernels run.
+
+    Each map is a depthwise map of ``s`` summed over its channels (as in
+    :func:`transpose_by_depthwise`); the gradient takes the kernels side by side: one
+    convolution of the cotangents ``[g_1, ..., g_n]`` to ``s``'s channels and one filter
+    gradient, where a depthwise map's own gradient would take one of each per kernel (3.0
+    against 3.5 ms for two kernels at ``[256, 28, 28, 16]``). Ordinary ops, so it stays
+    differentiable twice.
+
+    Args:
+        s: ``[batch, height', width', out_channels]``, the map's cotangent.
+        kernels: a list of ``[kh, kw, 1, out_channels]``.
+        padding: the convolution's, ``"SAME"`` or ``"VALID"``.
+
+    Returns:
+        A list of ``[batch, height, width, 1]``, one per kernel, shaped like the convolution's input.
+
+    Example:
+    >>> s, kernels = tf.random.normal([2, 5, 5, 4]), [tf.random.normal([3, 3, 1, 4]) for _ in range(2)]
+    >>> expected = [tf.nn.conv_transpose(s, k, [2, 5, 5, 1], 1, "SAME") for k in kernels]
+    >>> [bool(tf.reduce_max(tf.abs(got - want)) < 1e-5) for got, want in zip(single_channel_transpose_each(s, kernels, "SAME"), expected)]
+    [True, True]
+    """
+    per_channel_map = _depthwise_transpose_map(kernels[0].shape[:2], padding)
+
+    @tf.custom_gradient
+    def transposed(s, *kernels):
+        maps = [tf.reduce_sum(per_channel_map(s, k), -1, keepdims=True) for k in kernels]
+
+        def gradient(*gs):
+            g, stacked = tf.concat(gs, axis=-1), tf.concat(kernels, axis=-2)
+            to_s = tf.nn.convolution(g, stacked, padding=padding, data_format="NHWC")
+            to_kernels = tf.raw_ops.Conv2DBackpropFilter(
+                input=g, filter_sizes=tf.shape(stacked), out_backprop=s, strides=[1, 1, 1, 1], padding=padding
+            )
+            return [to_s, *tf.split(to_kernels, len(kernels), axis=-2)]
+
+        return maps, gradient
+
+    return transposed(s, *kernels)
+
+
+def _depthwise_transpose_map(sizes, padding: str) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``(c, k) -> `` the depthwise map of ``c`` whose sum over channels is ``k^T c`` (a stride-1
+    convolution's transposed map from one channel, ``k`` of spatial ``sizes``)."""
+    # The transposed map of a stride-1 convolution is a convolution with the kernel flipped,
+    # padded by what the forward one left out on each side: for odd sizes under SAME, SAME's
+    # own padding, which the depthwise map then adds itself (a copy of the cotangent padded
+    # took 1.6-1.9 ms of alpha-beta's step at batch 256, per pair).
+    if padding == "SAME" and all(k % 2 for k in sizes):
+        pads, mode = None, "SAME"
+    elif padding == "SAME":
+        pads, mode = [[k - 1 - (k - 1) // 2, k - 1 - k // 2] for k in sizes], "VALID"
+    else:
+        pads, mode = [[k - 1, k - 1] for k in sizes], "VALID"
+
+    def per_channel(c: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+        padded = c if pads is None else tf.pad(c, [[0, 0], *pads, [0, 0]])
+        return tf.nn.depthwise_conv2d(padded, tf.reverse(k, [0, 1])[:, :, 0, :, None], [1, 1, 1, 1], mode)
+
+    return per_channel
 
 
 def _pairs(s, kernel) -> tuple[list, list]:

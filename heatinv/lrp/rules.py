@@ -48,7 +48,8 @@ class LinearMap(Protocol):
 
     def transpose(self, s, kernel, like: tf.Tensor) -> tf.Tensor:
         """``W^T s``, shaped like the layer input ``like``; where ``stackable``, ``s`` and ``kernel``
-        may be lists of one length, for ``sum_j K_j^T s_j`` computed as one map."""
+        may be lists of one length, for ``sum_j K_j^T s_j`` computed as one map, or ``kernel``
+        alone a list, for the list ``[K_j^T s for each j]``."""
 
 
 class Rule(Protocol):
@@ -201,14 +202,16 @@ def transpose_each(layer: LinearMap, s: tf.Tensor, kernels: list, like: tf.Tenso
     Example:
     >>> class Dense:
     ...     stackable = True
-    ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
+    ...     def transpose(self, s, kernel, like):
+    ...         if isinstance(kernel, list):
+    ...             return tf.split(s @ tf.transpose(tf.concat(kernel, 0)), len(kernel), axis=-1)
+    ...         return s @ tf.transpose(kernel)
     >>> [float(g[0, 0]) for g in transpose_each(Dense(), tf.ones([1, 1]), [tf.ones([1, 1]), -tf.ones([1, 1])], None)]
     [1.0, -1.0]
     """
     if not stacks(layer, kernels[0], like):
         return [layer.transpose(s, kernel, like) for kernel in kernels]
-    stacked_like = None if like is None else tf.concat([like] * len(kernels), axis=-1)
-    return tf.split(layer.transpose(s, tf.concat(kernels, axis=-2), stacked_like), len(kernels), axis=-1)
+    return layer.transpose(s, list(kernels), like)
 
 
 def epsilon(a, kernel, bias, relevance, layer, *, epsilon: float = 1e-6, product: tf.Tensor | None = None):
