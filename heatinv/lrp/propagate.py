@@ -179,7 +179,7 @@ def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
     took 0.86-0.96 and 0.93-0.97 of the time at batch 64 and 256 with epsilon_plus,
     0.94-0.97 and 0.97 with epsilon_gamma_box, 0.92-1.00 and 1.00-1.01 with alpha-beta (two
     runs of ``scripts/engine_speed_before_after.py``). With oneDNN's kernels off the one map
-    is the faster (below, :func:`forward`).
+    of ``[W, W+]`` is the faster (:func:`forward`).
 
     A first layer whose input's sign is checked at run time is left out (where the batch has
     negative values, its rule's signed form would not use ``a W+``) unless its map runs tap
