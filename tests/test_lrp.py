@@ -129,6 +129,20 @@ def test_second_order_gradient_matches_finite_differences(rng):
     assert np.abs(analytic.numpy()).max() > 0
 
 
+def _maps_and_two_derivatives(maps, tensors: list, weights: list, directions: list) -> list:
+    """``maps(*tensors)`` (a list), the gradient of ``sum_j sum(map_j ** 2 * weight_j)`` with respect
+    to ``tensors``, and the gradient of that gradient along ``directions``."""
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch(tensors)
+        with tf.GradientTape() as inner:
+            inner.watch(tensors)
+            values = maps(*tensors)
+            loss = tf.add_n([tf.reduce_sum(tf.square(v) * w) for v, w in zip(values, weights)])
+        first = inner.gradient(loss, tensors)
+        directional = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(first, directions)])
+    return [*values, *first, *outer.gradient(directional, tensors)]
+
+
 @pytest.mark.parametrize("form", [transpose_by_taps, transpose_by_depthwise], ids=["taps", "depthwise"])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 @pytest.mark.parametrize("size", [(3, 3), (2, 4)])
@@ -141,15 +155,7 @@ def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative
     v_s, v_kernel = tf.constant(rng.normal(size=s_shape)), tf.constant(rng.normal(size=kernel.shape))
 
     def derivatives(transpose):
-        with tf.GradientTape(persistent=True) as outer:
-            outer.watch([s, kernel])
-            with tf.GradientTape() as inner:
-                inner.watch([s, kernel])
-                value = transpose(s, kernel)
-                loss = tf.reduce_sum(tf.square(value) * weights)
-            to_s, to_kernel = inner.gradient(loss, [s, kernel])
-            directional = tf.reduce_sum(to_s * v_s) + tf.reduce_sum(to_kernel * v_kernel)
-        return [value, to_s, to_kernel, *outer.gradient(directional, [s, kernel])]
+        return _maps_and_two_derivatives(lambda s, k: [transpose(s, k)], [s, kernel], [weights], [v_s, v_kernel])
 
     got = derivatives(lambda s, k: form(s, k, padding))
     want = derivatives(lambda s, k: tf.nn.conv_transpose(s, k, like_shape, 1, padding))
@@ -170,15 +176,7 @@ def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_s
     directions = [tf.constant(rng.normal(size=t.shape)) for t in tensors]
 
     def derivatives(transpose_sum):
-        with tf.GradientTape(persistent=True) as outer:
-            outer.watch(tensors)
-            with tf.GradientTape() as inner:
-                inner.watch(tensors)
-                value = transpose_sum(*tensors)
-                loss = tf.reduce_sum(tf.square(value) * weights)
-            first = inner.gradient(loss, tensors)
-            directional = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(first, directions)])
-        return [value, *first, *outer.gradient(directional, tensors)]
+        return _maps_and_two_derivatives(lambda *t: [transpose_sum(*t)], tensors, [weights], directions)
 
     got = derivatives(lambda s1, s2, k1, k2: canonical.single_channel_transpose([s1, s2], [k1, k2], "SAME"))
     want = derivatives(
@@ -203,15 +201,7 @@ def test_single_channel_maps_of_one_cotangent_equal_conv_transposes_to_the_secon
     directions = [tf.constant(rng.normal(size=t.shape)) for t in tensors]
 
     def derivatives(transpose_each):
-        with tf.GradientTape(persistent=True) as outer:
-            outer.watch(tensors)
-            with tf.GradientTape() as inner:
-                inner.watch(tensors)
-                values = transpose_each(s, kernels)
-                loss = tf.add_n([tf.reduce_sum(tf.square(v) * w) for v, w in zip(values, weights)])
-            first = inner.gradient(loss, tensors)
-            directional = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(first, directions)])
-        return [*values, *first, *outer.gradient(directional, tensors)]
+        return _maps_and_two_derivatives(lambda s, *ks: transpose_each(s, list(ks)), tensors, weights, directions)
 
     got = derivatives(lambda s, ks: canonical.single_channel_transpose_each(s, ks, padding))
     want = derivatives(lambda s, ks: [tf.nn.conv_transpose(s, k, like_shape, 1, padding) for k in ks])
