@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-FILES = ("__init__", "canonical", "canonize", "composites", "graph", "max_pool", "propagate", "reach", "rules")  # canonize: its name before 3edc620
+FILES = ("__init__", "canonical", "canonize", "composites", "graph", "max_pool", "one_channel", "propagate", "reach", "rules")  # canonize: its name before 3edc620
 
 
 def load_engine(revision: str, root: str):

@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from conftest import MODELS, conv_model, dense_model, inputs_for
 from heatinv.lrp import COMPOSITES, LRP, NonFiniteHeatmapWarning, UnsupportedLayerError, relevance
-from heatinv.lrp.canonical import canonize, transpose_by_depthwise, transpose_by_taps
+from heatinv.lrp.canonical import canonize
+from heatinv.lrp.one_channel import transpose_by_depthwise, transpose_by_taps
 from heatinv.lrp.propagate import forward
 
 
@@ -167,9 +168,9 @@ def test_single_channel_transpose_equals_conv_transpose_to_the_second_derivative
 @pytest.mark.parametrize("onednn", [False, True], ids=["taps", "depthwise"])
 def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_second_derivative(onednn, rng, monkeypatch):
     """Pairs ``(s_j, K_j)`` given apart, as both forms take them (no copy side by side)."""
-    import heatinv.lrp.canonical as canonical
+    import heatinv.lrp.one_channel as one_channel
 
-    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
+    monkeypatch.setattr(one_channel, "onednn_enabled", lambda: onednn)
     like_shape, s_shape = [2, 7, 6, 1], [2, 7, 6, 3]
     tensors = [tf.constant(rng.normal(size=shape)) for shape in (s_shape, s_shape, (3, 3, 1, 3), (3, 3, 1, 3))]
     weights = tf.constant(rng.normal(size=like_shape))
@@ -178,7 +179,7 @@ def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_s
     def derivatives(transpose_sum):
         return _maps_and_two_derivatives(lambda *t: [transpose_sum(*t)], tensors, [weights], directions)
 
-    got = derivatives(lambda s1, s2, k1, k2: canonical.single_channel_transpose([s1, s2], [k1, k2], "SAME"))
+    got = derivatives(lambda s1, s2, k1, k2: one_channel.single_channel_transpose([s1, s2], [k1, k2], "SAME"))
     want = derivatives(
         lambda s1, s2, k1, k2: tf.nn.conv_transpose(s1, k1, like_shape, 1, "SAME") + tf.nn.conv_transpose(s2, k2, like_shape, 1, "SAME")
     )
@@ -191,7 +192,7 @@ def test_a_sum_of_single_channel_maps_equals_the_sum_of_conv_transposes_to_the_s
 @pytest.mark.parametrize("size", [(3, 3), (2, 4)])
 def test_single_channel_maps_of_one_cotangent_equal_conv_transposes_to_the_second_derivative(padding, size, rng):
     """``[K_j^T s for each j]`` by depthwise maps, their gradient written out with the kernels side by side."""
-    import heatinv.lrp.canonical as canonical
+    import heatinv.lrp.one_channel as one_channel
 
     like_shape = [2, 7, 6, 1]
     kernels = [tf.constant(rng.normal(size=(*size, 1, 3))) for _ in range(2)]
@@ -203,7 +204,7 @@ def test_single_channel_maps_of_one_cotangent_equal_conv_transposes_to_the_secon
     def derivatives(transpose_each):
         return _maps_and_two_derivatives(lambda s, *ks: transpose_each(s, list(ks)), tensors, weights, directions)
 
-    got = derivatives(lambda s, ks: canonical.single_channel_transpose_each(s, ks, padding))
+    got = derivatives(lambda s, ks: one_channel.single_channel_transpose_each(s, ks, padding))
     want = derivatives(lambda s, ks: [tf.nn.conv_transpose(s, k, like_shape, 1, padding) for k in ks])
     for k, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12, err_msg=f"output {k}")
@@ -588,11 +589,11 @@ def test_noise_and_augmentation_layers_vanish_as_in_inference(rng):
 @pytest.mark.parametrize(("onednn", "form"), [(True, "depthwise"), (False, "taps"), (None, "taps")])
 def test_single_channel_transpose_takes_the_form_for_tensorflows_kernels(onednn, form, monkeypatch):
     """The depthwise form under oneDNN's kernels, the taps form without them (or where TensorFlow cannot tell)."""
-    import heatinv.lrp.canonical as canonical
+    import heatinv.lrp.one_channel as one_channel
 
-    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
+    monkeypatch.setattr(one_channel, "onednn_enabled", lambda: onednn)
     called = []
-    monkeypatch.setattr(canonical, "transpose_by_depthwise", lambda *args: called.append("depthwise"))
-    monkeypatch.setattr(canonical, "transpose_by_taps", lambda *args: called.append("taps"))
-    canonical.single_channel_transpose(tf.zeros([1, 4, 4, 2]), tf.zeros([3, 3, 1, 2]), "SAME")
+    monkeypatch.setattr(one_channel, "transpose_by_depthwise", lambda *args: called.append("depthwise"))
+    monkeypatch.setattr(one_channel, "transpose_by_taps", lambda *args: called.append("taps"))
+    one_channel.single_channel_transpose(tf.zeros([1, 4, 4, 2]), tf.zeros([3, 3, 1, 2]), "SAME")
     assert called == [form]

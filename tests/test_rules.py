@@ -782,13 +782,13 @@ def test_engine_rule_on_a_grey_first_layer(rid: str, spec: Any, extra: dict, dty
     whether TensorFlow runs oneDNN's kernels: without them its map runs tap by tap (every
     rule's products), ``a W+`` comes from the forward pass for the rules that split the
     kernel by sign, and alpha-beta's two transposed maps are given apart
-    (:func:`heatinv.lrp.canonical.single_channel_transpose`); with them, convolutions."""
-    from heatinv.lrp import canonical, propagate
+    (:func:`heatinv.lrp.one_channel.single_channel_transpose`); with them, convolutions."""
+    from heatinv.lrp import canonical, one_channel, propagate
     from heatinv.lrp.composites import resolve
     from heatinv.lrp.propagate import positive_product_steps
 
-    monkeypatch.setattr(canonical, "onednn_enabled", lambda: onednn)
-    monkeypatch.setattr(propagate, "onednn_enabled", lambda: onednn)
+    for module in (canonical, one_channel, propagate):
+        monkeypatch.setattr(module, "onednn_enabled", lambda: onednn)
     c = build_conv(seed=6, channels=1)
     assert ref.count_maxpool_ties(c.model, c.x) == 0  # the premise: one route through max pooling (seed 3 has a tie)
     steps = canonical.canonize(c.model)
