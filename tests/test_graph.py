@@ -353,6 +353,30 @@ def test_hard_sigmoid_written_with_keras_ops_is_a_gate(rng):
     np.testing.assert_allclose(tf.reduce_sum(explanation.relevance, axis=[1, 2, 3]), explanation.start, rtol=1e-9)
 
 
+@pytest.mark.parametrize("kind", ["add", "subtract", "multiply"])
+def test_a_merge_written_as_a_keras_op_is_its_layer(kind, rng):
+    """``h1 - h2`` (or ``+``, ``*``) between two tensors: Keras's own output, and the heatmap of the merge layer."""
+    written_as = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}[kind]
+    layer = {"add": L.Add, "subtract": L.Subtract, "multiply": L.Multiply}[kind]
+
+    def build(merge) -> keras.Model:
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((5, 5, 2))
+        h1 = L.Conv2D(3, 3, padding="same", activation="relu")(inputs)
+        h2 = L.Conv2D(3, 1, activation="relu")(inputs)
+        return keras.Model(inputs, L.Dense(2)(L.Flatten()(merge(h1, h2))))
+
+    with floatx("float64"):
+        written, layered = build(written_as), build(lambda a, b: layer()([a, b]))
+    layered.set_weights(written.get_weights())
+    steps = canonize(written)
+    assert [step.kind for step in steps if isinstance(step, Merge) and step.arguments is not None] == [kind]
+    x = inputs_for(written, rng)
+    np.testing.assert_allclose(forward(steps, tf.constant(x)).outputs, written(x), rtol=1e-12)
+    for composite in ("epsilon", "epsilon_gamma_box"):
+        np.testing.assert_allclose(relevance(written, x, 0, composite), relevance(layered, x, 0, composite), rtol=1e-10)
+
+
 @pytest.mark.parametrize("scale, offset", [(2.0, -1.0), (-2.0, 1.0)])
 def test_zbox_bounds_are_carried_through_rescaling(scale, offset, rng):
     """Bounds in input space give the heatmap of the model that takes rescaled input directly."""
@@ -535,7 +559,8 @@ def test_trainer_runs_a_graph_model_file(composed, tmp_path):
 def zoo_2d(bias: bool = True) -> keras.Model:
     keras.utils.set_random_seed(8)
     inputs = keras.Input((11, 11, 4))
-    x = L.SeparableConv2D(6, 3, depth_multiplier=2, padding="same", activation="relu", use_bias=bias)(inputs)
+    # dilated: the depthwise half's transposed map must dilate its kernel too (same shapes either way)
+    x = L.SeparableConv2D(6, 3, depth_multiplier=2, dilation_rate=2, padding="same", activation="relu", use_bias=bias)(inputs)
     x = L.Conv2D(6, 3, groups=3, dilation_rate=2, activation="elu", use_bias=bias)(x)
     x = L.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2, use_bias=bias)(x)
     x = L.Cropping2D(((1, 0), (0, 1)))(L.ReLU(max_value=4.0)(x))
