@@ -49,6 +49,20 @@ def test_huber_delta_is_a_fraction_of_the_target_peak(pair, delta):
     assert value(heatmap_loss("huber", delta=delta), heatmap, target) == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("name", ["mse", "l1", "huber"])
+def test_the_unit_is_the_peak_magnitude_when_the_peak_is_negative(name):
+    """The target's largest value is 0.5 but its largest magnitude 4: the residual is in units of 4."""
+    target = np.array([[0.5, -4.0, 0.0, 1.0]])
+    heatmap = np.array([[0.0, -1.0, 0.3, 1.0]])
+    r = np.abs(heatmap - target) / 4.0
+    delta = 0.1
+    expected = {"mse": np.mean(r**2), "l1": np.mean(r),
+                "huber": np.mean(np.where(r <= delta, 0.5 * r**2, delta * (r - 0.5 * delta)))}[name]
+    fn = heatmap_loss(name, delta=delta)
+    assert value(fn, heatmap, target) == pytest.approx(expected, rel=1e-9)
+    assert value(fn, -heatmap, -target) == pytest.approx(expected, rel=1e-9)
+
+
 def test_huber_switches_at_delta_times_peak():
     # One residual just below and one just above delta * peak (peak = 4, delta = 0.25 -> 1.0).
     target = np.array([[4.0, 0.0, 0.0]], np.float32)

@@ -425,6 +425,32 @@ def test_nonfinite_steps_do_not_update_and_stop_the_run(composed, monkeypatch):
         np.testing.assert_array_equal(after, before)
 
 
+def test_skipped_updates_that_are_not_in_a_row_do_not_stop_the_run(composed, monkeypatch):
+    """Every other update NaN, max_nonfinite=2: the count in a row starts again after each good update."""
+    import numpy as np
+    import tensorflow as tf
+
+    import heatinv.single as single_task
+    import heatinv.train as train
+
+    real, calls = single_task.heatmap_loss, tf.Variable(0, dtype=tf.int64)
+
+    def every_other_one_poisoned(*args, **kwargs):
+        loss = real(*args, **kwargs)
+
+        def poisoned(heatmap, target):
+            nan = tf.where(calls.assign_add(1) % 2 == 0, tf.constant(np.nan, heatmap.dtype), tf.constant(1.0, heatmap.dtype))
+            return loss(heatmap, target) * nan
+
+        return poisoned
+
+    monkeypatch.setattr(single_task, "heatmap_loss", every_other_one_poisoned)
+    cfg, out = composed("trainer.steps=8", "trainer.steps_per_execution=1", "trainer.max_nonfinite=2")
+    train.run(cfg)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nonfinite_steps"] == 4 and metrics.get("stopped_at_step") is None  # updates 2, 4, 6 and 8 skipped
+
+
 def test_a_resumed_run_goes_on_counting_its_nonfinite_steps(composed, reference_cache, monkeypatch):
     """The skipped updates' total and their run in a row are checkpointed: a resume neither forgets nor restarts them."""
     import numpy as np

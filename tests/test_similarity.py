@@ -52,6 +52,17 @@ def test_identical_maps_score_one():
     assert scores["ssim"] == pytest.approx(1.0, abs=1e-4)
 
 
+def test_cosine_stays_in_its_range_where_float32_rounds_past_it():
+    """A map against itself, or its negation, at many scales: never past +-1, and the float64 value."""
+    rng = np.random.default_rng(0)
+    maps = (_maps((512, 28, 28, 1)) * rng.choice([3.7e-3, 1.0, 41.0], size=(512, 1, 1, 1))).astype(np.float32)
+    for other, expected in ((maps, 1.0), (-maps, -1.0)):
+        values = sim.cosine(maps, other).numpy()
+        assert np.all(np.abs(values) <= 1.0), "cosine past +-1: float32 rounding not clipped"
+        np.testing.assert_allclose(values, sim.cosine_numpy(maps, other), atol=1e-6)
+        np.testing.assert_allclose(values, expected, atol=1e-6)
+
+
 def test_negated_map_scores_minus_one():
     maps = _maps()
     scores = sim.similarity_numpy(maps, -maps)

@@ -489,12 +489,17 @@ def test_xla_gives_the_results_of_jit_compile_false(kind, rng):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("poison", ["nan_loss", "inf_loss_finite_gradients", "finite_loss_nan_gradient"])
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(1e-2), lambda: keras.optimizers.SGD(1e-2)], ids=["adam", "sgd"])
-def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(make, rng):
+def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(make, poison, rng):
     """The XLA loop checks once per call; a call with a NaN update is redone with the guard.
 
-    The objective is NaN while ``optimizer.iterations == 2``, and a skipped update does not
-    advance it: of 5 updates the first two are made, the other three skipped.
+    The objective is poisoned while ``optimizer.iterations == 2``, and a skipped update does
+    not advance it: of 5 updates the first two are made, the other three skipped. Poisoned
+    three ways: the loss NaN (and so every gradient); the loss Inf with finite gradients (the
+    guard must read the loss too); the loss finite with a NaN gradient (the loop must look at
+    the weights, not only the losses): ``sqrt(|v - v| + c) - sqrt(c)`` is 0, and its gradient
+    is ``inf * sign(0)``, NaN, where ``c = 0``.
     """
     model, x, label, target = _problem("dense", rng)
     copies = [_copy(model), _copy(model)]
@@ -503,10 +508,16 @@ def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(
         optimizer = make()
         match = HeatmapMatch(heatmap_loss("mse"))
 
-        def poisoned(explanation, label, target, match=match, optimizer=optimizer):
+        def poisoned(explanation, label, target, match=match, optimizer=optimizer, weight=copy.trainable_variables[0]):
             terms = match(explanation, label, target)
-            nan = tf.where(tf.equal(optimizer.iterations, 2), tf.constant(np.nan, x.dtype), tf.constant(1.0, x.dtype))
-            return {**terms, "loss": terms["loss"] * nan}
+            now = tf.equal(optimizer.iterations, 2)
+            if poison == "nan_loss":
+                return {**terms, "loss": terms["loss"] * tf.where(now, tf.constant(np.nan, x.dtype), tf.constant(1.0, x.dtype))}
+            if poison == "inf_loss_finite_gradients":
+                return {**terms, "loss": terms["loss"] + tf.where(now, tf.constant(np.inf, x.dtype), tf.constant(0.0, x.dtype))}
+            c = tf.where(now, tf.constant(0.0, weight.dtype), tf.constant(1.0, weight.dtype))
+            zero = tf.sqrt(tf.abs(tf.reduce_sum(weight - tf.stop_gradient(weight))) + c) - tf.sqrt(c)
+            return {**terms, "loss": terms["loss"] + tf.cast(zero, x.dtype)}
 
         steps.append(compile_step(copy, LRP(copy, "epsilon_gamma_box"), poisoned, optimizer, mode, n, xla_loop=True))
         optimizers.append(optimizer)
@@ -524,6 +535,20 @@ def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-14)
     again = looped(x, label, target, steps=1)  # iterations is still 2: NaN again, skipped again
     assert int(again["nonfinite"]) == 1
+
+
+def test_an_eager_call_of_several_updates_counts_every_skipped_one(rng):
+    """``steps_per_execution=5`` eagerly, the loss NaN while ``iterations == 2``: two updates made, three skipped."""
+    model, x, label, target = _problem("dense", rng)
+    optimizer, match = keras.optimizers.SGD(1e-2), HeatmapMatch(heatmap_loss("mse"))
+
+    def poisoned(explanation, label, target):
+        terms = match(explanation, label, target)
+        nan = tf.where(tf.equal(optimizer.iterations, 2), tf.constant(np.nan, x.dtype), tf.constant(1.0, x.dtype))
+        return {**terms, "loss": terms["loss"] * nan}
+
+    step = compile_step(model, LRP(model, "epsilon_gamma_box"), poisoned, optimizer, "eager", 5)
+    assert int(step(x, label, target)["nonfinite"]) == 3 and int(optimizer.iterations.numpy()) == 2
 
 
 def test_xla_loop_keeps_a_call_whose_float64_loss_is_finite_beyond_float32s_range(rng):
