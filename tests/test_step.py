@@ -489,36 +489,47 @@ def test_xla_gives_the_results_of_jit_compile_false(kind, rng):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-3)
 
 
+def _poisoned_while_iterations_is_2(optimizer, poison: str, weight: tf.Variable):
+    """The MSE heatmap objective, made non-finite while ``optimizer.iterations == 2``.
+
+    A skipped update does not advance ``iterations``, so once poisoned it stays poisoned.
+    ``poison``: ``nan_loss`` (the loss NaN, and so every gradient); ``inf_loss_finite_gradients``
+    (the loss Inf, the gradients finite); ``finite_loss_nan_gradient``: ``sqrt(|v - v| + c) -
+    sqrt(c)`` is 0, and its gradient ``inf * sign(0)``, NaN, where ``c = 0``.
+    """
+    match = HeatmapMatch(heatmap_loss("mse"))
+
+    def poisoned(explanation, label, target):
+        terms = match(explanation, label, target)
+        dtype = terms["loss"].dtype
+        now = tf.equal(optimizer.iterations, 2)
+        if poison == "nan_loss":
+            return {**terms, "loss": terms["loss"] * tf.where(now, tf.constant(np.nan, dtype), tf.constant(1.0, dtype))}
+        if poison == "inf_loss_finite_gradients":
+            return {**terms, "loss": terms["loss"] + tf.where(now, tf.constant(np.inf, dtype), tf.constant(0.0, dtype))}
+        c = tf.where(now, tf.constant(0.0, weight.dtype), tf.constant(1.0, weight.dtype))
+        zero = tf.sqrt(tf.abs(tf.reduce_sum(weight - tf.stop_gradient(weight))) + c) - tf.sqrt(c)
+        return {**terms, "loss": terms["loss"] + tf.cast(zero, dtype)}
+
+    return poisoned
+
+
 @pytest.mark.parametrize("poison", ["nan_loss", "inf_loss_finite_gradients", "finite_loss_nan_gradient"])
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(1e-2), lambda: keras.optimizers.SGD(1e-2)], ids=["adam", "sgd"])
 def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(make, poison, rng):
     """The XLA loop checks once per call; a call with a NaN update is redone with the guard.
 
     The objective is poisoned while ``optimizer.iterations == 2``, and a skipped update does
-    not advance it: of 5 updates the first two are made, the other three skipped. Poisoned
-    three ways: the loss NaN (and so every gradient); the loss Inf with finite gradients (the
-    guard must read the loss too); the loss finite with a NaN gradient (the loop must look at
-    the weights, not only the losses): ``sqrt(|v - v| + c) - sqrt(c)`` is 0, and its gradient
-    is ``inf * sign(0)``, NaN, where ``c = 0``.
+    not advance it: of 5 updates the first two are made, the other three skipped. An Inf loss
+    with finite gradients needs the guard to read the loss; a finite loss with a NaN gradient
+    needs the loop to look at the weights, not only the losses.
     """
     model, x, label, target = _problem("dense", rng)
     copies = [_copy(model), _copy(model)]
     steps, optimizers = [], []
     for copy, mode, n in zip(copies, ["function", "xla"], [1, 5]):
         optimizer = make()
-        match = HeatmapMatch(heatmap_loss("mse"))
-
-        def poisoned(explanation, label, target, match=match, optimizer=optimizer, weight=copy.trainable_variables[0]):
-            terms = match(explanation, label, target)
-            now = tf.equal(optimizer.iterations, 2)
-            if poison == "nan_loss":
-                return {**terms, "loss": terms["loss"] * tf.where(now, tf.constant(np.nan, x.dtype), tf.constant(1.0, x.dtype))}
-            if poison == "inf_loss_finite_gradients":
-                return {**terms, "loss": terms["loss"] + tf.where(now, tf.constant(np.inf, x.dtype), tf.constant(0.0, x.dtype))}
-            c = tf.where(now, tf.constant(0.0, weight.dtype), tf.constant(1.0, weight.dtype))
-            zero = tf.sqrt(tf.abs(tf.reduce_sum(weight - tf.stop_gradient(weight))) + c) - tf.sqrt(c)
-            return {**terms, "loss": terms["loss"] + tf.cast(zero, x.dtype)}
-
+        poisoned = _poisoned_while_iterations_is_2(optimizer, poison, copy.trainable_variables[0])
         steps.append(compile_step(copy, LRP(copy, "epsilon_gamma_box"), poisoned, optimizer, mode, n, xla_loop=True))
         optimizers.append(optimizer)
     guarded, looped = steps
@@ -540,13 +551,8 @@ def test_xla_loop_skips_the_same_nonfinite_updates_as_the_guard_at_every_update(
 def test_an_eager_call_of_several_updates_counts_every_skipped_one(rng):
     """``steps_per_execution=5`` eagerly, the loss NaN while ``iterations == 2``: two updates made, three skipped."""
     model, x, label, target = _problem("dense", rng)
-    optimizer, match = keras.optimizers.SGD(1e-2), HeatmapMatch(heatmap_loss("mse"))
-
-    def poisoned(explanation, label, target):
-        terms = match(explanation, label, target)
-        nan = tf.where(tf.equal(optimizer.iterations, 2), tf.constant(np.nan, x.dtype), tf.constant(1.0, x.dtype))
-        return {**terms, "loss": terms["loss"] * nan}
-
+    optimizer = keras.optimizers.SGD(1e-2)
+    poisoned = _poisoned_while_iterations_is_2(optimizer, "nan_loss", model.trainable_variables[0])
     step = compile_step(model, LRP(model, "epsilon_gamma_box"), poisoned, optimizer, "eager", 5)
     assert int(step(x, label, target)["nonfinite"]) == 3 and int(optimizer.iterations.numpy()) == 2
 
