@@ -65,6 +65,17 @@ def test_python_m_heatinv_doctor_prints_the_finding_and_writes_doctor_json(tmp_p
     assert "dead-output" in (tmp_path / "run" / "doctor.log").read_text()  # not Hydra's __main__.log
 
 
+@pytest.mark.slow
+def test_python_m_heatinv_doctor_exits_2_when_it_cannot_run(tmp_path):
+    """Its docstring: non-zero when it could not run (a config error here), and no doctor.json."""
+    done = launch([sys.executable, "-m", "heatinv.doctor", SMOKE, f"hydra.run.dir={tmp_path / 'run'}",
+                   f"paths.cache_dir={tmp_path / 'cache'}", "trainer.steps=0"], tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "heatinv doctor: could not run:" in done.stderr and "trainer.steps" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "doctor.json").exists()
+
+
 @pytest.mark.parametrize("module", ["train", "doctor"])
 def test_help_says_what_the_command_does_and_how_it_exits(tmp_path, module):
     done = launch([sys.executable, "-m", f"heatinv.{module}", "--help"], tmp_path)

@@ -7,6 +7,7 @@ vanish, and every fix test shows the finding is gone and the gradients are back.
 from __future__ import annotations
 
 import json
+import re
 
 import keras
 import numpy as np
@@ -23,6 +24,7 @@ from heatinv.doctor import (
     format_report,
 )
 from heatinv.doctor import checks
+from heatinv.doctor.objectives import Probe
 from heatinv.lrp import LRP
 from heatinv.lrp.canonical import canonize
 from heatinv.models import Architecture, build_model
@@ -747,8 +749,6 @@ def test_a_softmax_of_logits_saturated_for_part_of_a_batch_is_not_an_underflow(r
 
 def test_a_float16_models_underflow_in_many_variables_is_one_finding():
     """Five paragraphs, each with the whole fix, for one cause: grouped as float32's underflow is."""
-    from heatinv.doctor.objectives import Probe
-
     tiny = {f"dense_{i}/kernel": tf.fill([4, 4], 1e-9) for i in range(5)}  # below float16's 2^-25 = 3e-8
     findings = checks.float16_underflow(Probe(0.5, tiny, None, None, tf.float32))
     assert codes(findings) == ["underflow"] and findings[0].layer is None
@@ -768,3 +768,251 @@ def test_units_held_at_a_relu6_cap_are_flat_too(image, relu6):
     findings = diagnose(model, image, 7, SaliencyObjective("logit"))
     assert codes(findings) == ["dead-units"]
     assert "16 at or above the cap of 6 of their ReLU" in findings[0].message and "inside (0, 6)" in findings[0].fix
+
+
+def _input_gradient(model, x, score_fn) -> np.ndarray:
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        score = score_fn(model(x))
+    return tape.gradient(score, x).numpy()
+
+
+# The numbers in each finding's message, worked out here from the model (NumPy, float16's
+# rounding, a gradient tape), and the thresholds at their edges.
+
+# ----------------------------------------------------------------------------- dead-units
+
+
+def _mlp_with_dead(n_dead: int, units: int = 10) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(units, activation="relu"), keras.layers.Dense(10)])
+    hidden = model.layers[1]
+    hidden.kernel.assign(np.full(hidden.kernel.shape, 0.001, "float32"))  # a W ~ 0.4 for an image in [0, 1]
+    hidden.bias.assign(np.where(np.arange(units) < n_dead, -100.0, 1.0).astype("float32"))
+    return model
+
+
+def test_dead_units_at_the_threshold_are_reported_with_their_counts(image):
+    """DEAD_UNITS_FRACTION: "at least this share" (0.9): 9 of 10 dead is reported, 8 of 10 is not."""
+    model = _mlp_with_dead(9)
+    z = image.reshape(1, -1) @ model.layers[1].kernel.numpy() + model.layers[1].bias.numpy()
+    assert (z[0, :9] <= 0).all() and z[0, 9] > 0  # the construction: 9 units off, 1 on
+    findings = diagnose(model, image, 3, SaliencyObjective("logit"))
+    (finding,) = [f for f in findings if f.code == "dead-units"]
+    assert finding.layer == model.layers[1].name
+    assert "90% (9) of the 10 units" in finding.message
+    assert "only through the other 1." in finding.message
+    assert f"largest {z[0, :9].max():.3g})" in finding.message
+    # 8 of 10: below the threshold, no finding (and the gradient flows through the 2 live units)
+    assert "dead-units" not in codes(diagnose(_mlp_with_dead(8), image, 3, SaliencyObjective("logit")))
+
+
+def test_units_whose_input_is_exactly_zero_are_dead(image):
+    """A zero-initialized layer: z = 0 exactly, and TensorFlow's ReLU has slope 0 at 0."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(8, activation="relu", kernel_initializer="zeros"),
+                              keras.layers.Dense(10)])
+    gradient = _input_gradient(model, image, lambda y: tf.reduce_sum(y[:, 3]))
+    assert not np.any(gradient)  # what the user sees
+    findings = diagnose(model, image, 3, SaliencyObjective("logit"))
+    assert codes(findings) == ["dead-units"] and "All of the 8 units" in findings[0].message
+
+
+def test_a_leaky_relu_layer_is_no_dead_relu(image):
+    """ReLU(negative_slope=0.1) passes a gradient below 0: its units are not dead."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(16, bias_initializer=keras.initializers.Constant(-100.0)),
+                              keras.layers.ReLU(negative_slope=0.1), keras.layers.Dense(10)])
+    gradient = _input_gradient(model, image, lambda y: tf.reduce_sum(y[:, 3]))
+    assert np.abs(gradient).max() > 0
+    assert diagnose(model, image, 3, SaliencyObjective("logit")) == []
+
+
+def test_relu6_units_split_between_the_cap_and_zero_are_counted_each(image):
+    keras.utils.set_random_seed(0)
+    bias = keras.initializers.Constant(np.where(np.arange(16) < 6, 20.0, -20.0))  # 6 capped, 10 off
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(16, activation="relu6", bias_initializer=bias), keras.layers.Dense(10)])
+    z = image.reshape(1, -1) @ model.layers[1].kernel.numpy() + model.layers[1].bias.numpy()
+    assert (z[0, :6] >= 6).all() and (z[0, 6:] <= 0).all()
+    (finding,) = diagnose(model, image, 3, SaliencyObjective("logit"))
+    assert finding.code == "dead-units"
+    assert "6 at or above the cap of 6" in finding.message and "10 at or below 0" in finding.message
+    assert f"smallest {z[0, :6].min():.3g})" in finding.message
+
+
+# ----------------------------------------------------------------------------- dead-output
+
+
+def test_a_final_relu_with_some_outputs_alive_is_no_dead_output_under_cross_entropy(image):
+    model = build_model(Architecture(hidden=(32, 16), output_activation="relu"), seed=0)
+    pre = LRP(model, output="activation").explain(image, 0).logits.numpy()[0]
+    assert (pre <= 0).any() and (pre > 0).any()  # some of the 10 outputs are 0, some are not
+    assert np.abs(_input_gradient(model, image, lambda y: tf.reduce_sum(
+        keras.losses.categorical_crossentropy(tf.one_hot([3], 10), y, from_logits=True)))).max() > 0
+    assert "dead-output" not in codes(diagnose(model, image, 3, SaliencyObjective()))
+
+
+def test_a_dead_output_at_exactly_zero_and_its_largest_score(image, rng):
+    """The final ReLU's pre-activation exactly 0 is dead (slope 0 at 0); "largest" is the largest of the dead ones."""
+    model = build_model(Architecture(hidden=(32, 16), output_activation="relu"), seed=0)
+    last = model.layers[-1]
+    kernel, bias = last.kernel.numpy(), last.bias.numpy()
+    kernel[:, 3], bias[3] = 0.0, 0.0  # class 3: pre-activation exactly 0
+    bias[5] = -50.0
+    bias[7] = -80.0
+    last.kernel.assign(kernel)
+    last.bias.assign(bias)
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    objective = HeatmapObjective(target, LRP(model, output="activation"))
+    (finding,) = [f for f in diagnose(model, image, 3, objective) if f.code == "dead-output"]
+    assert "For 1 of 1 inputs" in finding.message and "largest 0)" in finding.message
+    # two dead labels: the message's "largest" is the larger of their pre-activations
+    batch = np.concatenate([image, image])
+    hidden = batch
+    for layer in model.layers[:-1]:
+        hidden = layer(hidden)
+    hidden = hidden.numpy().astype(np.float64)
+    pre = hidden @ kernel.astype(np.float64) + bias
+    scores = pre[[0, 1], [5, 7]]
+    assert (scores < 0).all()
+    objective = HeatmapObjective(np.concatenate([target, target]), LRP(model, output="activation"))
+    (finding,) = [f for f in diagnose(model, batch, [5, 7], objective) if f.code == "dead-output"]
+    assert "For 2 of 2 inputs" in finding.message and f"largest {scores.max():.3g})" in finding.message
+
+
+# ----------------------------------------------------------------------------- softmax
+
+
+def test_a_softmax_short_of_keras_clip_is_not_saturated():
+    """p = 1 - 5e-7 is outside Keras's clip of 1e-7: its cross-entropy gradient is not cut, nothing to report."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10, activation="softmax")])
+    bias = np.zeros(10)
+    bias[0] = np.log(9 / 5e-7)  # 1 - p0 = 9 e^-b / (1 + 9 e^-b) ~ 5e-7
+    model.layers[0].kernel.assign(np.full((4, 10), 1e-3, "float32") * np.arange(10))
+    model.layers[0].bias.assign(bias.astype("float32"))
+    x = np.full((1, 4), 0.5, "float32")
+    logits = x.astype(np.float64) @ model.layers[0].kernel.numpy().astype(np.float64) + bias
+    p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert 3e-7 < 1 - p[0, 0] < 1e-6
+    assert "softmax-saturated" not in codes(diagnose(model, x, 0, SaliencyObjective()))
+
+
+def _logits_model_50000() -> keras.Model:
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)
+    model.layers[-1].kernel.assign(model.layers[-1].kernel * 50000.0)
+    return model
+
+
+def test_a_saturated_softmax_of_logits_reports_the_gap_to_the_next_logit(image):
+    model = _logits_model_50000()
+    logits = np.sort(model(image).numpy().astype(np.float64)[0])
+    winner = int(np.argmax(model(image)))
+    (finding,) = diagnose(model, image, winner, SaliencyObjective())
+    assert finding.code == "softmax-saturated"
+    assert f"leads the next by {logits[-1] - logits[-2]:.3g};" in finding.message
+    rest = np.exp(logits[:-1] - logits[-1]).sum()
+    assert f"sum to {rest:.3g} in float64" in finding.message
+
+
+def test_a_one_hot_softmax_of_logits_on_another_label_is_no_saturation(image):
+    """The softmax is one-hot on the top class, the label is another: p - y is -1 and +1, a full gradient."""
+    model = _logits_model_50000()
+    order = np.argsort(model(image).numpy()[0])
+    loser = int(order[-2])
+    gradient = _input_gradient(model, image, lambda y: tf.reduce_sum(
+        keras.losses.categorical_crossentropy(tf.one_hot([loser], 10), y, from_logits=True)))
+    assert np.abs(gradient).max() > 1e-3
+    assert "softmax-saturated" not in codes(diagnose(model, image, loser, SaliencyObjective()))
+
+
+# ----------------------------------------------------------------------------- underflow
+
+
+def _probe(gradients: dict) -> Probe:
+    return Probe(0.5, {k: tf.constant(v) for k, v in gradients.items()}, None, None, tf.float32)
+
+
+def test_underflow_is_a_float64_value_below_float32s_range_and_counts_it():
+    zeros = np.zeros((4, 4), np.float32)
+    g64 = np.full((4, 4), 1e-40)
+    g64[0] = 1e-3  # 4 entries alive in float32 too
+    g32 = zeros.copy()
+    g32[0] = 1e-3
+    (finding,) = checks.underflow(_probe({"dense/kernel": g32}), _probe({"dense/kernel": g64}))
+    assert finding.layer == "dense/kernel" and "12 of the 16 non-zero float64 gradient entries" in finding.message
+    assert "magnitudes up to 1e-40" in finding.message
+    # a float32 zero beside a float64 value float32 holds (1e-20 > 1.2e-38) is cancellation, not underflow
+    assert checks.underflow(_probe({"dense/kernel": zeros}), _probe({"dense/kernel": np.full((4, 4), 1e-20)})) == []
+    # up to UNDERFLOW_NAMED (3) variables: a finding each, named
+    three = {f"dense_{i}/kernel": zeros for i in range(3)}
+    findings = checks.underflow(_probe(three), _probe({k: np.full((4, 4), 1e-40) for k in three}))
+    assert [f.layer for f in findings] == list(three)
+
+
+def test_float16_underflow_is_what_float16_rounds_to_zero():
+    """2^-25 (README): 2e-8 rounds to 0 in float16, 4e-8 to its smallest subnormal 2^-24."""
+    assert np.float16(2e-8) == 0 and np.float16(4e-8) != 0
+    (finding,) = checks.float16_underflow(_probe({"dense/kernel": np.full((4, 4), 2e-8, np.float32)}))
+    assert finding.code == "underflow" and "16 of the 16 non-zero gradient entries" in finding.message
+    assert checks.float16_underflow(_probe({"dense/kernel": np.full((4, 4), 4e-8, np.float32)})) == []
+
+
+# ----------------------------------------------------------------------------- nan-division
+
+
+def _half_zero_first_layer():
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)  # Keras's biases start at 0
+    first = model.layers[1]
+    first.kernel.assign(first.kernel * np.repeat([[0.0], [1.0]], 16, axis=0).T)  # 16 units without weights: z = 0
+    return model, first
+
+
+def test_nan_division_counts_outputs_over_the_batch_and_its_fix_removes_it(rng):
+    model, first = _half_zero_first_layer()
+    batch = rng.uniform(0, 1, (2, 28, 28, 1)).astype("float32")
+    target = rng.normal(0, 0.01, batch.shape).astype("float32")
+    (finding,) = [f for f in diagnose(model, batch, [7, 7], HeatmapObjective(target, LRP(model, "zero")))
+                  if f.code == "nan-division"]
+    assert finding.message.startswith(f"z = a W + b is exactly 0 for 32 of 64 outputs of {first.name}")  # 2 x 16 of 2 x 32
+    # the fix as written: the composite it names clears the finding
+    composite = re.search(r"lrp\.composite=(\w+)", finding.fix).group(1)
+    assert "nan-division" not in codes(diagnose(model, batch, [7, 7], HeatmapObjective(target, LRP(model, composite))))
+
+
+def test_nan_division_is_not_reported_for_a_first_layer_with_its_own_rule(rng, image):
+    """A composite whose first rule is epsilon and LRP-0 elsewhere: the first layer's z = 0 divides nothing."""
+    model, first = _half_zero_first_layer()
+    target = rng.normal(0, 0.01, image.shape).astype("float32")
+    explainer = LRP(model, {"first": "epsilon", "dense": "zero", "conv": "zero"})
+    assert np.isfinite(explainer(image, 7).numpy()).all()
+    findings = diagnose(model, image, 7, HeatmapObjective(target, explainer))
+    assert first.name not in [f.layer for f in findings if f.code == "nan-division"]
+
+
+# ----------------------------------------------------------------------------- absorbed-relevance
+
+
+def test_absorbed_relevance_over_a_batch_reports_the_largest_share_and_the_logit_spread(rng):
+    model = build_model(Architecture(hidden=(32, 16)), seed=0)
+    last = model.layers[-1]
+    last.kernel.assign(last.kernel * 1e-9)
+    last.bias.assign(np.arange(1, 11, dtype="float32"))  # logits of 1 to 10: the classes differ, the inputs hardly
+    batch = rng.uniform(0, 1, (2, 28, 28, 1)).astype("float32")
+    batch[1] *= 0.3  # another input: another share kept
+    explainer = LRP(model, "epsilon")
+    heatmap = explainer(batch, [3, 3]).numpy().astype(np.float64)
+    logits = model(batch).numpy().astype(np.float64)
+    shares = np.abs(heatmap).reshape(2, -1).sum(axis=1) / np.abs(logits[:, 3])
+    assert (shares < 1e-6).all() and shares[0] != pytest.approx(shares[1], rel=0.01)
+    target = rng.normal(0, 0.01, batch.shape).astype("float32")
+    (finding,) = diagnose(model, batch, [3, 3], HeatmapObjective(target, explainer))
+    assert finding.code == "absorbed-relevance" and "For 2 of 2 inputs" in finding.message
+    assert f"at most {shares.max():.3g} of it" in finding.message
+    spread = np.ptp(logits, axis=0).max()  # the same class across the batch, not the classes of one input (9)
+    assert spread < 1 and f"no logit varies by more than {spread:.3g}" in finding.message
