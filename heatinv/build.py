@@ -39,7 +39,7 @@ from heatinv.models import (
 )
 from heatinv.progress import Progress
 from heatinv.maps_io import read_map
-from heatinv.targets import Target, build_target, file_map, pattern_file, unit_total
+from heatinv.targets import Target, build_target, file_map, pattern_file, target_image, unit_total
 from heatinv.wording import as_command_line
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ def _read_target_files(cfg, dataset: Dataset) -> None:
     if target.kind == "file":
         file_map(target.path, shape, map_shape)
         if target.image:
-            read_map(target.image, expected_shape=shape, what="target.image")
+            target_image(target.image, shape)
     elif target.kind == "pattern" and target.pattern == "file":
         if cfg.task.kind == "single":
             pattern_file(target.path, shape)

@@ -86,6 +86,19 @@ def file_map(path: str, input_shape: tuple[int, ...], map_shape: tuple[int, ...]
     return read_map_array(raw, map_shape, path)
 
 
+def target_image(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
+    """The input image at ``path`` (``target.image``) in ``input_shape``, read as the data reads images.
+
+    A colour PNG keeps its colours (a heatmap PNG is read as its luminance), and uint8
+    pixels are scaled to [0, 1].
+
+    Example:
+    >>> target_image("seven.png", (28, 28, 1)).shape  # doctest: +SKIP
+    (28, 28, 1)
+    """
+    return read_map(path, expected_shape=input_shape, what="target.image", image=True)
+
+
 def pattern_file(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
     """A pattern of the user's drawing: the map at ``path`` (``target.path``) as ``[H, W, 1]`` with total relevance 1.
 
@@ -146,7 +159,7 @@ def build_target(
     shape = dataset.x_test.shape[1:]
     map_shape = shape[:-1] + (1,) if len(shape) == 3 and channels == "sum" else shape
     if image is not None:
-        x = read_map(image, expected_shape=shape, what="target.image", image=True)[None]
+        x = target_image(image, shape)[None]
         source_image = image
     else:
         i = first_index_of(dataset, label, index)

@@ -81,6 +81,32 @@ def test_digits_upsampling_matches_tf_bilinear_resize():
     np.testing.assert_allclose(ours, np.clip(theirs, 0, 1), atol=1e-5)
 
 
+def test_digits_are_sklearns_images_over_16_resized_like_tf_with_their_labels(digits):
+    """Each image is scikit-learn's 8x8 digit / 16 (values 0..16), TF-bilinear-resized to 20x20 and centred in 28x28."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    resized = tf.image.resize(raw.images[..., None] / 16.0, (20, 20), method="bilinear").numpy()
+    expected = np.pad(np.clip(resized, 0, 1), ((0, 0), (4, 4), (4, 4), (0, 0))).reshape(len(raw.images), -1)
+    ours = np.concatenate([digits.x_train, digits.x_test]).reshape(len(expected), -1).astype(np.float64)
+    labels = np.concatenate([digits.y_train, digits.y_test])
+    # Nearest expected image of each loaded one, by squared distance.
+    distance = (ours**2).sum(1)[:, None] + (expected**2).sum(1)[None, :] - 2 * ours @ expected.T
+    nearest = distance.argmin(axis=1)
+    np.testing.assert_allclose(ours, expected[nearest], atol=1e-5)
+    np.testing.assert_array_equal(labels, raw.target[nearest])
+    assert len(set(nearest.tolist())) >= 1790  # (digits holds a few exact duplicates)
+
+
+def test_digits_split_is_shuffled_across_classes(digits):
+    """Neither split comes sorted by class: a batch of the first 32 examples holds most classes."""
+    for y in (digits.y_train, digits.y_test):
+        # In a random order of 10 classes about 9 in 10 neighbours differ; sorted by class, 9 in all.
+        assert np.mean(y[1:] != y[:-1]) > 0.8
+        assert len(set(y[:32].tolist())) >= 6
+
+
 def test_digits_test_fraction_changes_split_size():
     ds = data.load_digits(test_fraction=0.5)
     assert abs(len(ds.y_test) - 1797 / 2) < 10

@@ -135,6 +135,18 @@ def test_rgba_and_gray_alpha_png_drop_alpha(tmp_path):
     np.testing.assert_allclose(got[0, :, 0], [128 / 255, 1.0], atol=1e-6)
 
 
+def test_colour_png_heatmap_is_luminance_even_for_a_three_channel_shape(tmp_path):
+    """Only a model input (image=True) keeps a PNG's colours; as a heatmap it is [H, W, 1] luminance, which a
+    3-channel expected shape refuses rather than taking a rendered heatmap's colours for per-channel relevance."""
+    pixels = np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255], [200, 100, 50]]], np.uint8)
+    path = _save_png(tmp_path / "c.png", pixels)
+    with pytest.raises(ValueError, match=r"has shape \(1, 4, 1\), expected \(1, 4, 3\)"):
+        maps_io.read_map(path, expected_shape=(1, 4, 3))
+    luminance = pixels.astype(np.float64) @ np.array([0.299, 0.587, 0.114]) / 255
+    np.testing.assert_allclose(maps_io.read_map(path, expected_shape=(1, 4, 1))[..., 0], luminance, atol=1e-6)
+    np.testing.assert_allclose(maps_io.read_map(path, expected_shape=(1, 4, 3), image=True), pixels / 255, atol=1e-6)
+
+
 def test_png_with_expected_shape(tmp_path):
     pixels = np.zeros((28, 28, 3), np.uint8)
     got = maps_io.read_map(_save_png(tmp_path / "c.png", pixels), expected_shape=(1, 28, 28, 1))

@@ -22,7 +22,7 @@ import pytest
 from conftest import expect, train_command
 from drawn_shapes import CLASSES, draw_shapes, write_folder, write_npz
 from heatinv import data
-from heatinv.build import build_parts, explainer_for
+from heatinv.build import build_parts, check_target_fits_data, explainer_for
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
 from heatinv.feature_targets import feature_share, move_feature_relevance
@@ -53,6 +53,18 @@ def test_npz_images_are_the_written_pixels_scaled(shapes_npz):
     np.testing.assert_array_equal(ds.x_train, x[:240].astype(np.float32) / 255)  # exact: k/255 in float32 both ways
     np.testing.assert_array_equal(ds.y_test, y[240:])
     assert (ds.low, ds.high) == (0.0, 1.0)  # uint8 images: the nominal [0, 1] box
+
+
+def test_npz_grayscale_images_without_a_channel_axis_get_one_channel_last(tmp_path):
+    """[N, H, W] uint8 images are [N, H, W, 1]: each image the written pixels / 255, channel last."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(12, 6, 9), dtype=np.uint8)
+    y = np.arange(12) % 3
+    np.savez(tmp_path / "g.npz", x_train=x[:9], y_train=y[:9], x_test=x[9:], y_test=y[9:])
+    ds = data.load_npz(str(tmp_path / "g.npz"))
+    assert ds.input_shape == (6, 9, 1)
+    np.testing.assert_array_equal(ds.x_train[..., 0], x[:9].astype(np.float32) / 255)
+    np.testing.assert_array_equal(ds.x_test[..., 0], x[9:].astype(np.float32) / 255)
 
 
 def test_npz_feature_vectors_and_float_range(tmp_path):
@@ -183,8 +195,12 @@ def test_file_target_per_channel_is_summed(shapes_npz, tmp_path):
     np.testing.assert_array_equal(kept.heatmap[0], per_channel)
 
 
-def test_target_image_is_read_as_the_data_reads_images(shapes_npz, tmp_path):
-    """A colour PNG keeps its colours for a colour model, and uint8 pixels are scaled to [0, 1] as an .npz's are."""
+def test_target_image_is_read_as_the_data_reads_images(shapes_npz, tmp_path, composed):
+    """A colour PNG keeps its colours for a colour model, and uint8 pixels are scaled to [0, 1] as an .npz's are.
+
+    The check made before the reference trains reads it the same way: it once read a colour
+    PNG as a heatmap (its luminance, one channel) and refused it.
+    """
     ds = data.load_npz(shapes_npz)
     pixels = np.round(ds.x_test[0] * 255).astype(np.uint8)  # [32, 32, 3]
     np.save(tmp_path / "map.npy", np.ones((32, 32), np.float32))
@@ -197,6 +213,9 @@ def test_target_image_is_read_as_the_data_reads_images(shapes_npz, tmp_path):
                            ("gray.png", np.repeat(pixels[..., :1], 3, axis=-1))):
         target = build_target("file", ds, None, label=1, path=str(tmp_path / "map.npy"), image=str(tmp_path / name))
         np.testing.assert_allclose(target.image[0], expected / 255.0, atol=1e-7, err_msg=name)
+        cfg, _ = composed("data=npz", f"data.path={shapes_npz}", "target=file", f"target.path={tmp_path / 'map.npy'}",
+                          f"target.image={tmp_path / name}", "target.label=1")
+        check_target_fits_data(cfg, ds)
 
 
 @pytest.mark.parametrize("saved", [(3, 32, 32), (16, 64), (1, 32 * 32 * 3 // 2, 2)])
@@ -509,6 +528,48 @@ def test_grayscale_reads_bmp_and_gif_files_too(tmp_path):
             np.testing.assert_allclose(split[i], pixels[path], atol=1.01 / 255, err_msg=path)
 
 
+def test_folder_class_names_name_each_images_own_subfolder_with_mixed_case_names(tmp_path):
+    """class_names[label] is the subfolder an image sits in, whatever the case of the names ('B' sorts before 'a')."""
+    rng = np.random.default_rng(0)
+    for name in ("a", "B", "c"):
+        (tmp_path / "mixed" / name).mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / "mixed" / name / f"{i}.png").write_bytes(tf.io.encode_png(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).numpy())
+    ds = data.load_folder(str(tmp_path / "mixed"), (4, 4), 0.25, seed=0)
+    assert ds.class_names == tuple(sorted(os.listdir(tmp_path / "mixed")))  # sorted as Keras's loader sorts them
+    for files, labels in ((ds.x_train, ds.y_train), (ds.x_test, ds.y_test)):
+        assert [ds.class_names[y] for y in labels] == [os.path.basename(os.path.dirname(p)) for p in files.paths]
+
+
+def test_folder_holds_out_the_fraction_rounded_down_as_keras_does(tmp_path):
+    """9 images, test_split=0.3: keras.utils.image_dataset_from_directory holds out int(0.3 * 9) = 2, not 3."""
+    write_folder(str(tmp_path / "nine"), count=9, size=8)
+    ds = data.load_folder(str(tmp_path / "nine"), (8, 8), 0.3, seed=0)
+    train, val = keras.utils.image_dataset_from_directory(
+        str(tmp_path / "nine"), validation_split=0.3, subset="both", seed=0, image_size=(8, 8), batch_size=None, verbose=False
+    )
+    assert (len(ds.x_train), len(ds.x_test)) == (sum(1 for _ in train), sum(1 for _ in val)) == (7, 2)
+
+
+def test_grayscale_reads_a_colour_bmp_as_its_luminance(tmp_path):
+    """A colour BMP in grayscale is its luminance (PIL's "L": 0.299 R + 0.587 G + 0.114 B), not one of its channels."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = {}
+    for label in ("one", "two"):
+        (tmp_path / "colour" / label).mkdir(parents=True)
+        for i in range(3):
+            image = Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8))
+            path = tmp_path / "colour" / label / f"{i}.bmp"
+            image.save(path)
+            pixels[str(path)] = np.asarray(image.convert("L"), np.float32)[..., None] / 255
+    gray = data.load_folder(str(tmp_path / "colour"), (6, 5), 0.3, seed=0, color_mode="grayscale")
+    for split in (gray.x_train, gray.x_test):
+        for i, path in enumerate(split.paths):
+            np.testing.assert_allclose(split[i], pixels[path], atol=1.01 / 255, err_msg=path)
+
+
 def test_a_broken_link_in_an_image_folder_is_named(config, tmp_path):
     write_folder(str(tmp_path / "imgs"), 12)
     (tmp_path / "imgs" / "disk" / "gone.png").symlink_to(tmp_path / "nowhere.png")
@@ -620,6 +681,33 @@ def test_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path):
 def test_csv_without_rows_says_so(config, tmp_path, text, fragment):
     (tmp_path / "t.csv").write_text(text)
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/t.csv", "data.label_column=outcome"), "t.csv", fragment)
+
+
+def test_csv_row_with_a_missing_field_names_its_line(tmp_path):
+    """The fourth line of the file (the header is line 1) has two fields of three."""
+    (tmp_path / "t.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n5,y\n7,8,x\n")
+    with pytest.raises(ValueError, match=r"t.csv' \(data.path\) line 4 has a different number of fields than its header \(3\)"):
+        data.load_csv(str(tmp_path / "t.csv"), "outcome")
+
+
+def test_csv_constant_column_is_standardized_to_zero(tmp_path):
+    """A column holding one value has no spread: standardized it is 0 everywhere, not 0/0."""
+    rows = "".join(f"{i},5,{i * i % 7},{'xy'[i % 2]}\n" for i in range(20))
+    (tmp_path / "t.csv").write_text("a,same,b,outcome\n" + rows)
+    ds = data.load_csv(str(tmp_path / "t.csv"), "outcome")
+    assert ds.feature_names == ("a", "same", "b")
+    for x in (ds.x_train, ds.x_test):
+        assert np.all(np.isfinite(x))
+        np.testing.assert_array_equal(x[:, 1], 0.0)
+
+
+@pytest.mark.parametrize("name", ["breast_cancer", "wine"])
+def test_table_range_is_each_features_range_over_both_splits(name):
+    """low/high (the zbox box) hold every example, held-out ones too: each feature's min and max over both splits."""
+    ds = data.load_tabular(name)
+    both = np.concatenate([ds.x_train, ds.x_test])
+    np.testing.assert_array_equal(ds.low, both.min(axis=0))
+    np.testing.assert_array_equal(ds.high, both.max(axis=0))
 
 
 def test_csv_row_without_a_label(config, tmp_path):
