@@ -291,7 +291,8 @@ class Checkpointer:
         previous one is tried.
 
         Raises:
-            ResumeError: there is no checkpoint, or none reads back whole.
+            ResumeError: there is no checkpoint, none reads back whole, or the newest whole one does
+                not fit the student or optimizer.
         """
         numbers = checkpoint_numbers(self.folder)
         if not numbers:
@@ -307,7 +308,16 @@ class Checkpointer:
             if why is None:
                 saved = {name.split("/")[0] for name, _ in tf.train.list_variables(prefix)}
                 checkpoint = self.checkpoint if "nonfinite" in saved else self._without_counts
-                checkpoint.restore(prefix).assert_existing_objects_matched()
+                try:
+                    checkpoint.restore(prefix).assert_existing_objects_matched()
+                except AssertionError as error:
+                    # TensorFlow's first clause counts the unmatched objects; its list of them is long
+                    found = str(error).split(", likely")[0].splitlines()[0][:200]
+                    raise ResumeError(
+                        f"trainer.resume=true, but checkpoint {prefix} does not fit this run's student or optimizer "
+                        f"({found}). The config is the one it was written with, so a file the run reads changed "
+                        "since (model.path, for one). Restore that file, or start over with trainer.overwrite=true."
+                    ) from error
                 return int(self.completed.numpy())
             damaged.append(prefix)
             print(f"heatinv: warning: checkpoint {prefix} is damaged ({why}); skipped.", file=sys.stderr, flush=True)

@@ -164,13 +164,13 @@ def test_a_wrong_model_is_not_half_restored_from_a_checkpoint(tmp_path):
     """A model.path file replaced by a deeper model (the config is the same): refused, never a silent partial restore."""
     import keras
 
-    from heatinv.checkpoints import Checkpointer
+    from heatinv.checkpoints import Checkpointer, ResumeError
 
     Checkpointer(str(tmp_path), *built(1)).save(10)
     deeper = keras.Sequential([dense_model(seed=2), keras.layers.Dense(3)])
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(deeper.trainable_variables)
-    with pytest.raises(Exception):
+    with pytest.raises(ResumeError, match=r"ckpt-10 does not fit this run's student or optimizer .*model\.path.*trainer\.overwrite=true"):
         Checkpointer(str(tmp_path), deeper, optimizer).restore()
 
 
