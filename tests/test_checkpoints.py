@@ -11,14 +11,35 @@ import json
 import os
 import signal
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
+import yaml
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+from tensorboard.summary.writer.record_writer import RecordWriter
 
-from conftest import dense_model
+import heatinv.outputs as outputs
+import heatinv.train as train
+from conftest import dense_model, expect
+from heatinv.atomic import write_json
+from heatinv.callbacks import SUMMARY_NAME, SweepSummary
+from heatinv.checkpoints import (
+    Checkpointer,
+    ResumeError,
+    RunDirectoryError,
+    checkpoint_numbers,
+    held_run_directory,
+)
+from heatinv.job_log import FAILED_MARK
+from heatinv.outputs import write_run_files
+from heatinv.summaries import TRAIN
+from heatinv.targets import pattern_map
+from heatinv.train import run
 
 
 def built(seed: int):
-    import keras
-
     model, optimizer = dense_model(seed=seed), keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     return model, optimizer
@@ -27,8 +48,6 @@ def built(seed: int):
 # --------------------------------------------------------------------------- atomic.py
 def test_write_json_nulls_non_finite_floats_inside_lists_and_tuples(tmp_path):
     """Strict JSON (jq, JSON.parse) has no NaN/Infinity: nested ones become null too, never a failed write."""
-    from heatinv.atomic import write_json
-
     path = tmp_path / "m.json"
     write_json(str(path), {"curve": [1.0, float("nan")], "pair": (float("inf"), 2.0), "jobs": [{"cosine": float("-inf")}]})
     strict = json.loads(path.read_text(), parse_constant=lambda token: pytest.fail(f"non-JSON token {token}"))
@@ -37,11 +56,6 @@ def test_write_json_nulls_non_finite_floats_inside_lists_and_tuples(tmp_path):
 
 def test_a_sweep_summary_is_written_when_a_jobs_metrics_hold_nan(tmp_path):
     """A job's metrics.json with Python's NaN token (an older heatinv, a hand-made file): the summary still appears."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    from heatinv.callbacks import SUMMARY_NAME, SweepSummary
-
     sweep = tmp_path / "sweep"
     job = sweep / "0"
     (job / ".hydra").mkdir(parents=True)
@@ -60,9 +74,6 @@ def test_a_sweep_summary_is_written_when_a_jobs_metrics_hold_nan(tmp_path):
 # --------------------------------------------------------------------------- outputs.py
 def test_metrics_json_is_written_only_once_every_other_result_is(config, tmp_path, monkeypatch):
     """A run with metrics.json counts as finished (sweep summary: "ok"); a failure writing the figure must not leave one."""
-    import heatinv.outputs as outputs
-    from heatinv.train import run
-
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
@@ -74,11 +85,6 @@ def test_metrics_json_is_written_only_once_every_other_result_is(config, tmp_pat
 
 def test_a_student_save_cut_short_leaves_the_previous_student_whole(tmp_path, monkeypatch):
     """Extending a finished run on a full disk: the old student.keras must survive a save that fails half way."""
-    import keras
-    from matplotlib.figure import Figure
-
-    from heatinv.outputs import write_run_files
-
     dense_model(seed=1).save(tmp_path / "student.keras")
     before = (tmp_path / "student.keras").read_bytes()
 
@@ -97,8 +103,6 @@ def test_a_student_save_cut_short_leaves_the_previous_student_whole(tmp_path, mo
 # --------------------------------------------------------------------------- checkpoints.py
 def test_the_newest_checkpoint_is_the_highest_step_not_the_last_name(tmp_path):
     """ckpt-100 is newer than ckpt-80 (sorted as names, "80" > "100")."""
-    from heatinv.checkpoints import Checkpointer, checkpoint_numbers
-
     Checkpointer(str(tmp_path), *built(1)).save(80)
     saver = Checkpointer(str(tmp_path), *built(1))
     saver.save(80)
@@ -109,8 +113,6 @@ def test_the_newest_checkpoint_is_the_highest_step_not_the_last_name(tmp_path):
 
 def test_a_second_hold_on_a_held_run_directory_is_refused(tmp_path):
     """Two heatinv runs (each holding the folder as run() does) must exclude each other, not share it."""
-    from heatinv.checkpoints import RunDirectoryError, held_run_directory
-
     with held_run_directory(str(tmp_path)):
         with pytest.raises(RunDirectoryError, match="in use by another heatinv run"):
             with held_run_directory(str(tmp_path)):
@@ -121,10 +123,6 @@ def test_a_second_hold_on_a_held_run_directory_is_refused(tmp_path):
 
 def test_resuming_checkpoints_without_their_config_is_refused_before_anything_loads(config, tmp_path, monkeypatch):
     """Checkpoints copied without checkpoints/config.yaml cannot be matched with this config: refused, not trusted."""
-    import heatinv.train as train
-    from conftest import expect
-    from heatinv.checkpoints import ResumeError
-
     folder = tmp_path / "run" / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "ckpt-5.index").write_bytes(b"")
@@ -135,13 +133,6 @@ def test_resuming_checkpoints_without_their_config_is_refused_before_anything_lo
 @pytest.mark.parametrize("folder", ["checkpoints", "tensorboard"])
 def test_a_run_never_reads_a_file_inside_a_folder_it_writes(config, tmp_path, folder):
     """trainer.overwrite=true removes checkpoints/ and tensorboard/ whole: a target read from in there would be lost."""
-    from conftest import expect
-    from heatinv.checkpoints import RunDirectoryError
-
-    import numpy as np
-
-    from heatinv.targets import pattern_map
-
     path = tmp_path / "run" / folder / "target.npy"
     path.parent.mkdir(parents=True)
     np.save(path, 0.01 * pattern_map("frame")[..., 0])  # a valid target: only where it lies is wrong
@@ -153,8 +144,6 @@ def test_a_run_never_reads_a_file_inside_a_folder_it_writes(config, tmp_path, fo
 
 def test_a_run_gives_back_the_signal_handlers_it_found(config):
     """After run() (a notebook, a sweep's basic launcher running the next job), Ctrl-C and SIGTERM act as before it."""
-    from heatinv.train import run
-
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     run(config("trainer.steps=2"))
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
@@ -162,10 +151,6 @@ def test_a_run_gives_back_the_signal_handlers_it_found(config):
 
 def test_a_wrong_model_is_not_half_restored_from_a_checkpoint(tmp_path):
     """A model.path file replaced by a deeper model (the config is the same): refused, never a silent partial restore."""
-    import keras
-
-    from heatinv.checkpoints import Checkpointer, ResumeError
-
     Checkpointer(str(tmp_path), *built(1)).save(10)
     deeper = keras.Sequential([dense_model(seed=2), keras.layers.Dense(3)])
     optimizer = keras.optimizers.Adam(1e-3)
@@ -178,9 +163,6 @@ def test_a_wrong_model_is_not_half_restored_from_a_checkpoint(tmp_path):
 def test_checkpoint_every_is_honoured_when_calls_step_past_its_multiples(composed):
     """steps_per_execution=3, checkpoint_every=5: calls end at 3, 6, 9, 12, so a checkpoint comes at 6 (the first
     call past step 5) and at 12 (past 10), not only the one at the end."""
-    from heatinv.checkpoints import checkpoint_numbers
-    from heatinv.train import run
-
     cfg, out = composed("trainer.steps=12", "trainer.steps_per_execution=3", "trainer.log_every=3",
                         "trainer.checkpoint_every=5", "trainer.checkpoint_seconds=0")
     run(cfg)
@@ -190,12 +172,6 @@ def test_checkpoint_every_is_honoured_when_calls_step_past_its_multiples(compose
 # --------------------------------------------------------------------------- callbacks.py
 def test_the_best_job_of_a_sweep_is_one_that_finished(tmp_path):
     """A job stopped by the doctor writes metrics.json and fails: it must not be named the sweep's best."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    from heatinv.callbacks import SUMMARY_NAME, SweepSummary
-    from heatinv.job_log import FAILED_MARK
-
     sweep = tmp_path / "sweep"
     for num, cosine, log in ((0, 0.9, ""), (1, 0.99, f"[2026-01-01 00:00:00,000][heatinv.callbacks][ERROR] - "
                                                      f"{FAILED_MARK}GradientsVanished: every gradient is zero\n")):
@@ -217,12 +193,6 @@ def test_the_best_job_of_a_sweep_is_one_that_finished(tmp_path):
 def test_every_summary_up_to_a_checkpoint_is_on_disk_when_the_checkpoint_is(composed, monkeypatch):
     """A kill right after a checkpoint must not lose the summaries before it: the resumed run starts its events after
     the checkpoint's step and never writes them again. Read back from disk at each save, as a new process would."""
-    import tensorflow as tf
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    from heatinv.checkpoints import Checkpointer
-    from heatinv.train import run
-
     # A file system that keeps written records only once flushed (gfile's contract; local files often write through).
     write, flush = RecordWriter.write, RecordWriter.flush
 
@@ -259,9 +229,6 @@ def test_every_summary_up_to_a_checkpoint_is_on_disk_when_the_checkpoint_is(comp
 def test_a_dataset_run_resumed_mid_epoch_logs_the_same_epoch_training_means(tmp_path, reference_cache):
     """Killed after checkpoint 4 of epoch 1's 11 batches: the epoch's mean training terms (TensorBoard's
     2_train group) must still average all 11 batches, as in the uninterrupted run."""
-    import tensorflow as tf
-
-    from heatinv.summaries import TRAIN
     from test_reliability import DATASET, launch
 
     def train_means(run_dir):
