@@ -38,6 +38,15 @@ def max_abs(probe_gradients) -> float:
     return max(float(tf.reduce_max(tf.abs(g))) for g in probe_gradients.values() if g is not None)
 
 
+def _input_gradient(model, x, score_fn) -> np.ndarray:
+    """The gradient of ``score_fn(model(x))`` with respect to the input ``x``."""
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        score = score_fn(model(x))
+    return tape.gradient(score, x).numpy()
+
+
 @pytest.fixture
 def mlp() -> keras.Model:
     return build_model(Architecture(hidden=(32, 16)), seed=0)
@@ -558,11 +567,8 @@ def test_a_float16_model_is_checked_for_what_float16_rounds_away(image):
         + [keras.layers.Dense(10, dtype="float16")]
     )
     model.set_weights([w * np.float16(0.002) for w in model.get_weights()])
-    x = tf.constant(image, tf.float16)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        score = tf.reduce_sum(model(x)[:, 3])
-    assert float(tf.reduce_max(tf.abs(tape.gradient(score, x)))) == 0.0  # what the user sees in float16
+    gradient = _input_gradient(model, tf.constant(image, tf.float16), lambda y: tf.reduce_sum(y[:, 3]))
+    assert float(np.abs(gradient).max()) == 0.0  # what the user sees in float16
     findings = diagnose(model, image, 3, SaliencyObjective(loss="logit"))
     assert codes(findings) == ["underflow"] and "computes in float16" in findings[0].message
     # the heatmap objective's float32 probe differentiates a float32 copy: float16 variables rounded its gradients to float16
@@ -621,11 +627,7 @@ def test_a_smooth_network_given_its_own_explanation_has_a_zero_residual_not_relu
     keras.utils.set_random_seed(0)
     tanh = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="tanh"),
                              keras.layers.Dense(10)])
-    x = tf.constant(image)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        score = tf.reduce_sum(tanh(x)[:, 7])
-    own = tape.gradient(score, x).numpy()
+    own = _input_gradient(tanh, image, lambda y: tf.reduce_sum(y[:, 7]))
     findings = diagnose(tanh, image, 7, ExplanationObjective(own))
     assert codes(findings) == ["zero-residual"] and "gradient explanation already equals the target" in findings[0].message
     assert diagnose(tanh, image, 7, ExplanationObjective(2 * own)) == []  # another target: its gradient flows
@@ -768,14 +770,6 @@ def test_units_held_at_a_relu6_cap_are_flat_too(image, relu6):
     findings = diagnose(model, image, 7, SaliencyObjective("logit"))
     assert codes(findings) == ["dead-units"]
     assert "16 at or above the cap of 6 of their ReLU" in findings[0].message and "inside (0, 6)" in findings[0].fix
-
-
-def _input_gradient(model, x, score_fn) -> np.ndarray:
-    x = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        score = score_fn(model(x))
-    return tape.gradient(score, x).numpy()
 
 
 # The numbers in each finding's message, worked out here from the model (NumPy, float16's
