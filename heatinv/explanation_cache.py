@@ -83,7 +83,7 @@ def code_fingerprint() -> str:
 
     package = os.path.dirname(os.path.abspath(__file__))
     sources = sorted(glob.glob(os.path.join(package, "lrp", "*.py"))) + [
-        os.path.join(package, name) for name in ("data.py", "channel_sum.py")
+        os.path.join(package, name) for name in (os.path.join("data", "image_files.py"), "channel_sum.py")
     ]
     digest = hashlib.sha256(f"{tf.__version__} {keras.__version__}".encode())
     for path in sources:

@@ -19,7 +19,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 MUTATIONS = [
-    ("data=mnist: uint8 scaled by 1/254", "heatinv/data.py",
+    ("data=mnist: uint8 scaled by 1/254", "heatinv/data/arrays.py",
      "(x.astype(np.float32) / 255.0)[..., None]", "(x.astype(np.float32) / 254.0)[..., None]",
      ["tests/test_readme_claims.py::test_data_mnist_reads_a_local_mnist_npz"]),
     ("target=digit7: the first held-out 1", "configs/target/digit7.yaml", "label: 7", "label: 1",

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from heatinv import data
+from heatinv.data.digits import _upsample_bilinear
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_digits_upsampling_matches_tf_bilinear_resize():
     import tensorflow as tf
 
     images = np.random.default_rng(0).uniform(size=(3, 8, 8)).astype(np.float32)
-    ours = data._upsample_bilinear(images, 20)
+    ours = _upsample_bilinear(images, 20)
     theirs = tf.image.resize(images[..., None], (20, 20), method="bilinear").numpy()[..., 0]
     np.testing.assert_allclose(ours, np.clip(theirs, 0, 1), atol=1e-5)
 

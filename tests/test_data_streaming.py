@@ -22,6 +22,7 @@ import tensorflow as tf
 from conftest import compose_run, train_command
 from drawn_shapes import write_folder
 from heatinv import data, explanation_cache
+from heatinv.data import image_files
 from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem, single_target
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 from heatinv.manipulate import DatasetTask, epoch_order
@@ -167,7 +168,7 @@ def test_early_stopping_on_a_streamed_folder_gives_the_in_memory_runs_choice_and
 
 def test_the_pipeline_never_runs_more_than_a_few_batches_ahead_of_the_step(tmp_path, shapes, monkeypatch):
     decoded = {"count": 0}
-    real_decoder = data.decoder
+    real_decoder = image_files.decoder
 
     def counting_decoder(image_size, channels=3):
         decode = real_decoder(image_size, channels)
@@ -182,7 +183,7 @@ def test_the_pipeline_never_runs_more_than_a_few_batches_ahead_of_the_step(tmp_p
 
         return counted
 
-    monkeypatch.setattr(data, "decoder", counting_decoder)
+    monkeypatch.setattr(image_files, "decoder", counting_decoder)
     seen = {}
     real_begin, real_step = DatasetTask.begin, DatasetTask.step
 
