@@ -59,7 +59,8 @@ def dataset_targets(
     Args:
         kind: ``pattern``, ``swap`` or ``suppress``.
         labels: ``[N]`` class of each image.
-        reference_heatmaps: ``[N, H, W, 1]`` the reference's heatmap of each image for its label.
+        reference_heatmaps: ``[N, H, W, C]`` the reference's heatmap of each image for its label (``C``: 1, or a colour
+            image's channels with ``target.channels=keep``).
         classes: the classes to manipulate (None: all).
         pattern, pattern_path: for ``pattern``: a name of :func:`~heatinv.targets.pattern_map`,
             or ``"file"`` with ``pattern_path`` (``.npy``/``.png``).
@@ -75,7 +76,7 @@ def dataset_targets(
             whose relevance goes, and the one that receives it (see :mod:`heatinv.feature_targets`).
 
     Returns:
-        ``(targets [N, H, W, 1], manipulated [N] bool)``.
+        ``(targets, the shape of reference_heatmaps; manipulated [N] bool)``.
 
     Example:
     >>> R = np.random.rand(4, 28, 28, 1).astype("float32")
@@ -100,7 +101,7 @@ def dataset_targets(
         if pattern == "file":
             unit = unit_total(read_map(pattern_path, expected_shape=shape, what="target.path"), pattern_path)
         else:
-            unit = _unit_sum(pattern_map(pattern, shape[0]))
+            unit = _unit_sum(np.repeat(pattern_map(pattern, shape[0], width=shape[1]), shape[-1], axis=-1))
         targets[chosen] = (unit[None] * totals)[chosen]
     elif kind == "swap":
         if like_mean is None:

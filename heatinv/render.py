@@ -63,7 +63,7 @@ def diverging_rgb(heatmap: np.ndarray, vmax: float | None = None) -> np.ndarray:
 def grayscale_rgb(image: np.ndarray) -> np.ndarray:
     """Grayscale image in `[0, 1]` to RGB; 0 is black, 1 is white, as the data holds it.
 
-    Values outside `[0, 1]` are clipped; non-finite pixels are drawn black. Not inverted: a
+    Values outside `[0, 1]` are clipped (+inf is white, -inf black); NaN is drawn black. Not inverted: a
     grayscale photo drawn as a negative would mislead, and a digit's strokes are its high values.
 
     Args:

@@ -59,10 +59,17 @@ def pattern_map(name: str, size: int = 28, scale: float = 1.0, width: int | None
         mask[height // 2 - r(1) : height // 2 + r(1), c(4) : width - c(4)] = 1
         mask[r(4) : height - r(4), width // 2 - c(1) : width // 2 + c(1)] = 1
     elif name == "frame":
-        mask[r(1) : r(3), c(1) : width - c(1)] = mask[height - r(3) : height - r(1), c(1) : width - c(1)] = 1
-        mask[r(1) : height - r(1), c(1) : c(3)] = mask[r(1) : height - r(1), width - c(3) : width - c(1)] = 1
+        # At least a pixel thick: below 14 pixels, 1 and 3 of 28 round to the same row.
+        inner_row, inner_col = max(r(3), r(1) + 1), max(c(3), c(1) + 1)
+        mask[r(1) : inner_row, c(1) : width - c(1)] = mask[height - inner_row : height - r(1), c(1) : width - c(1)] = 1
+        mask[r(1) : height - r(1), c(1) : inner_col] = mask[r(1) : height - r(1), width - inner_col : width - c(1)] = 1
     else:
         raise ValueError(f"Unknown pattern {name!r}; expected one of {list(PATTERNS)}.")
+    if not mask.any():
+        raise ValueError(
+            f"target.pattern={name}: a {height}x{width} image is too small to draw it on (no pixel is left). "
+            "Use images of at least 4x4 pixels, or draw the pattern yourself: target.pattern=file target.path=<map>.npy."
+        )
     return (mask * (scale / mask.sum()))[..., None]
 
 

@@ -113,6 +113,73 @@ def test_suppress_targets_give_the_removed_total_to_the_rests_positive_relevance
     np.testing.assert_array_equal(targets.ravel(), np.array([0.0, 0.0, -2.0, 1e-7], "float32"))
 
 
+def test_pattern_and_swap_targets_of_an_image_scoring_below_zero_are_not_turned_into_their_opposite(maps):
+    labels, heatmaps = maps
+    heatmaps = heatmaps.copy()
+    heatmaps[1] -= 2 * heatmaps[1].mean() + 0.01  # class 1's first image now sums below 0
+    total = abs(float(heatmaps[1].sum()))
+    frame = pattern_map("frame")
+    targets, _ = dataset_targets("pattern", labels, heatmaps, classes=[1], pattern="frame")
+    np.testing.assert_allclose(targets[1], frame / frame.sum() * total, rtol=1e-5)
+    mean = np.zeros((28, 28, 1), "float32")
+    mean[:4] = 2.0
+    targets, _ = dataset_targets("swap", labels, heatmaps, classes=[1], like=0, like_mean=mean)
+    np.testing.assert_allclose(targets[1], mean / mean.sum() * total, rtol=1e-5)
+
+
+def test_a_swap_class_mean_summing_to_zero_is_refused(maps):
+    labels, heatmaps = maps
+    mean = np.zeros((28, 28, 1), "float32")
+    mean[0, 0], mean[0, 1] = 1.0, -1.0
+    with pytest.raises(ValueError, match="non-zero total"):
+        dataset_targets("swap", labels, heatmaps, like=0, like_mean=mean)
+
+
+def test_suppress_of_a_map_with_nothing_positive_empties_the_top_k_and_keeps_the_rest():
+    # The all-zero map has nothing removed and nothing to receive it (0 / 0); the all-negative
+    # one removes a negative total (its largest values) with nothing positive to take it.
+    heatmaps = np.array([[0.0, 0.0, 0.0], [-1.0, -3.0, -0.5]], "float32").reshape(2, 1, 3, 1)
+    targets, _ = dataset_targets("suppress", np.array([0, 0]), heatmaps, top_k=1)
+    np.testing.assert_array_equal(targets.reshape(2, 3), [[0.0, 0.0, 0.0], [-1.0, -3.0, 0.0]])
+
+
+@pytest.mark.parametrize(("rest", "target"), [(0.016, 8.016), (0.004, 0.004)], ids=["two_thousandths", "half_a_thousandth"])
+def test_suppress_gives_the_removed_total_only_to_a_rest_holding_a_thousandth_of_it(rest, target):
+    heatmap = np.array([8.0, rest], "float32").reshape(1, 1, 2, 1)
+    targets, _ = dataset_targets("suppress", np.array([0]), heatmap, top_k=1)
+    np.testing.assert_allclose(targets.ravel(), [0.0, target], rtol=1e-6)
+
+
+@pytest.mark.parametrize(("kind", "like_feature"), [("suppress_feature", None), ("swap_features", 2)])
+def test_feature_targets_move_only_the_chosen_classes_rows(kind, like_feature):
+    labels = np.array([0, 1, 0, 1])
+    maps = np.array([[2.0, 1.0, 1.0], [2.0, 1.0, 1.0], [-1.0, 3.0, 1.0], [-1.0, 3.0, 1.0]], "float32")
+    targets, chosen = dataset_targets(kind, labels, maps, classes=[1], feature=0, like_feature=like_feature)
+    assert chosen.tolist() == [False, True, False, True]
+    np.testing.assert_array_equal(targets[~chosen], maps[~chosen])
+    # By hand: 2 shared by |1| and |1| (or given to feature 2); -1 shared 3 : 1 (or given to feature 2).
+    moved = [[0.0, 2.0, 2.0], [0.0, 2.25, 0.75]] if like_feature is None else [[0.0, 1.0, 3.0], [0.0, 3.0, 0.0]]
+    np.testing.assert_allclose(targets[chosen], moved, rtol=1e-6)
+
+
+def test_pattern_targets_on_wide_images_are_drawn_at_their_height_and_width():
+    """The frame was drawn 32x32 for 32x48 maps and failed to broadcast, after the reference had trained."""
+    heatmaps = np.random.default_rng(0).uniform(0, 1, (2, 32, 48, 1)).astype("float32")
+    targets, _ = dataset_targets("pattern", np.array([0, 1]), heatmaps, pattern="frame")
+    drawn = np.zeros((32, 48))  # 28x28's 1 in and 2 thick, in proportion: rows 1 in, 2 thick; columns 2 in, 3 thick
+    drawn[1:31, 2:46] = 1
+    drawn[3:29, 5:43] = 0
+    for i in range(2):
+        np.testing.assert_allclose(targets[i, ..., 0], drawn / drawn.sum() * heatmaps[i].sum(), rtol=1e-5)
+
+
+def test_pattern_targets_of_per_channel_maps_keep_each_images_total():
+    """With target.channels=keep each channel got the whole total, so the target held 3 times the reference's."""
+    heatmaps = np.random.default_rng(0).uniform(0, 1, (2, 28, 28, 3)).astype("float32")
+    targets, _ = dataset_targets("pattern", np.array([0, 1]), heatmaps, pattern="square")
+    np.testing.assert_allclose(targets.reshape(2, -1).sum(1), heatmaps.reshape(2, -1).sum(1), rtol=1e-5)
+
+
 def test_unknown_dataset_target_is_refused(maps):
     with pytest.raises(ValueError, match="expected one of"):
         dataset_targets("rotate", *maps)

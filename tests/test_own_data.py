@@ -25,7 +25,7 @@ from heatinv import data
 from heatinv.build import build_parts, check_target_fits_data, explainer_for
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
-from heatinv.feature_targets import feature_share, move_feature_relevance
+from heatinv.feature_targets import feature_index, feature_share, move_feature_relevance
 from heatinv.lrp import LRP
 from heatinv.layers import SoftplusBeta
 from heatinv.models import APPLICATIONS, Architecture, build_application, build_model, smoothed
@@ -164,6 +164,19 @@ def test_suppressed_relevance_is_shared_by_magnitude_and_keeps_the_total(rng):
     rest = maps[:50, 1:].sum(1, keepdims=True)
     np.testing.assert_allclose(targets[:50, 1:], maps[:50, 1:] * maps[:50].sum(1, keepdims=True) / rest, rtol=1e-5)
     np.testing.assert_allclose(move_feature_relevance(np.array([[2.0, 0.0, 0.0]]), 0), [[0.0, 1.0, 1.0]])  # all on it: spread evenly
+
+
+def test_suppress_feature_of_a_one_feature_table_is_refused():
+    with pytest.raises(ValueError, match="at least two features"):
+        move_feature_relevance(np.ones((2, 1)), 0)
+
+
+def test_feature_share_of_maps_without_relevance_is_zero():
+    assert feature_share(np.zeros((2, 3)), 1) == 0.0  # a dead student's share, not NaN
+
+
+def test_feature_index_is_the_features_position():
+    assert feature_index(("age", "income", "height", "weight"), "height", "target.feature") == 2
 
 
 def test_pattern_at_the_datas_height_and_width():
@@ -637,7 +650,7 @@ def test_target_label_may_name_the_class(config, tmp_path):
 
 def test_the_dataset_task_names_its_classes_by_name_too(config, tmp_path):
     """task.classes and target.like take a class's name as target.label does, and a swap onto itself is refused."""
-    from heatinv.build import dataset_problem, moved_classes, like_class
+    from heatinv.build import moved_classes, like_class
 
     write_folder(str(tmp_path / "imgs"), 30)  # classes cross, disk, square
     folder = ("data=folder", f"data.path={tmp_path}/imgs", "data.image_size=[32,32]", "task=dataset", "target=swap")

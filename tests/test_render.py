@@ -77,3 +77,34 @@ def test_grayscale():
     assert rgb[0, :, 0].tolist() == [0, 128, 255, 255]
     assert np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2])
     assert render.grayscale_rgb(image[..., None])[0, :, 0].tolist() == [0, 128, 255, 255]  # not inverted
+
+
+def test_per_channel_relevance_is_drawn_as_each_pixels_total():
+    # 0.25 + 0.25 + 0.5 = 1.0 at vmax 1: fully red; their mean would be a pale pink.
+    heatmap = np.array([[[0.25, 0.25, 0.5], [0.0, -0.5, 0.0]]])
+    rgb = render.diverging_rgb(heatmap, vmax=1.0)
+    assert rgb.shape == (1, 2, 3)
+    assert rgb[0].tolist() == [[255, 0, 0], [128, 128, 255]]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_default_vmax_is_the_largest_finite_magnitude(bad):
+    rgb = render.diverging_rgb(np.array([[bad, 2.0, 1.0]]))
+    assert rgb[0, 1].tolist() == [255, 0, 0]
+    assert rgb[0, 2].tolist() == [255, 128, 128]
+
+
+def test_grayscale_clips_infinities_and_draws_nan_black():
+    rgb = render.grayscale_rgb(np.array([[np.nan, -np.inf, np.inf, 0.5]]))
+    assert rgb[0, :, 0].tolist() == [0, 0, 255, 128]
+
+
+def test_grayscale_of_a_colour_image_is_its_channels_mean():
+    image = np.array([[[1.0, 0.0, 0.5], [0.2, 0.2, 0.2]]])
+    rgb = render.grayscale_rgb(image)
+    assert rgb.shape == (1, 2, 3)
+    assert rgb[0, :, 0].tolist() == [128, 51] and np.all(rgb[..., 0] == rgb[..., 2])
+
+
+def test_grayscale_draws_a_boolean_mask_white_where_true():
+    assert render.grayscale_rgb(np.array([[True, False]]))[0, :, 0].tolist() == [255, 0]

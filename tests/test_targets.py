@@ -210,3 +210,130 @@ def test_a_drawn_pattern_summing_below_zero_keeps_its_signs():
 
     pattern = np.array([[1.0, -3.0]], np.float32)
     np.testing.assert_allclose(unit_total(pattern, "p.npy"), [[0.5, -1.5]])
+
+
+def drawn_at_28(name: str) -> np.ndarray:
+    """The 28x28 patterns as the docstring describes them, drawn by hand."""
+    mask = np.zeros((28, 28))
+    if name == "square":
+        mask[3:11, 3:11] = 1
+    elif name == "cross":
+        mask[13:15, 4:24] = mask[4:24, 13:15] = 1
+    else:
+        mask[1:27, 1:27] = 1
+        mask[3:25, 3:25] = 0
+    return mask
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("axis", [0, 1], ids=["tall", "wide"])
+def test_pattern_on_a_non_square_image_is_the_28x28_drawing_stretched(name, axis):
+    shape = (56, 28) if axis == 0 else (28, 56)
+    heatmap = pattern_map(name, shape[0], width=shape[1])[..., 0]
+    stretched = np.repeat(drawn_at_28(name), 2, axis=axis)
+    np.testing.assert_allclose(heatmap, stretched / stretched.sum(), rtol=1e-6)
+
+
+def test_cross_on_a_small_image_keeps_bars_at_least_a_pixel_wide():
+    # At 12 pixels a 1-pixel half-width rounds to 0; the bars must not vanish.
+    drawn = np.zeros((12, 12))
+    drawn[5:7, 2:10] = drawn[2:10, 5:7] = 1
+    np.testing.assert_allclose(pattern_map("cross", 12)[..., 0], drawn / drawn.sum(), rtol=1e-6)
+
+
+def test_frame_on_an_image_under_14_pixels_is_a_pixel_thick_not_nan():
+    """Below 14 pixels 1 and 3 of 28 round to the same row: the frame was empty, and the target all NaN."""
+    expected = np.zeros((12, 12), np.float32)
+    expected[1, 1:11] = expected[10, 1:11] = expected[1:11, 1] = expected[1:11, 10] = 1
+    np.testing.assert_allclose(pattern_map("frame", 12)[..., 0], expected / expected.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["square", "cross", "frame"])
+def test_a_pattern_on_an_image_too_small_to_hold_it_is_refused(name):
+    with pytest.raises(ValueError, match=f"target.pattern={name}: a 2x2 image is too small"):
+        pattern_map(name, 2)
+
+
+@pytest.fixture(scope="module")
+def colour_dataset(dataset) -> Dataset:
+    x = np.repeat(dataset.x_test, 3, axis=-1)
+    return Dataset(x, dataset.y_test, x.copy(), dataset.y_test.copy(), name="colour")
+
+
+def test_pattern_target_with_channels_kept_splits_the_scale_over_the_channels(colour_dataset):
+    target = build_target("pattern", colour_dataset, None, label=3, pattern="square", scale=3.0, channels="keep")
+    assert target.heatmap.shape == (1, 28, 28, 3)
+    square = drawn_at_28("square")
+    for channel in range(3):
+        np.testing.assert_allclose(target.heatmap[0, ..., channel], square / 64, rtol=1e-6)
+    assert build_target("pattern", colour_dataset, None, label=3, pattern="square", scale=3.0).heatmap.shape == (1, 28, 28, 1)
+
+
+def test_a_colour_pattern_file_is_summed_over_its_channels(colour_dataset, tmp_path):
+    drawn = np.zeros((28, 28, 3), np.float32)
+    drawn[2:6, 2:6, 0], drawn[20:24, 20:24, 2] = 1.0, 3.0
+    np.save(tmp_path / "two.npy", drawn)
+    target = build_target("pattern", colour_dataset, None, label=3, pattern="file", path=str(tmp_path / "two.npy"), scale=2.0)
+    assert target.heatmap.shape == (1, 28, 28, 1)
+    np.testing.assert_allclose(target.heatmap[0, ..., 0], drawn.sum(axis=-1) / 64 * 2.0, rtol=1e-6)
+
+
+def test_a_one_channel_file_target_with_channels_kept_is_spread_evenly(colour_dataset, tmp_path):
+    heatmap = np.random.default_rng(3).normal(size=(28, 28)).astype(np.float32)
+    np.save(tmp_path / "map.npy", heatmap)
+    target = build_target("file", colour_dataset, None, label=2, path=str(tmp_path / "map.npy"), channels="keep")
+    assert target.heatmap.shape == (1, 28, 28, 3)
+    for channel in range(3):
+        np.testing.assert_allclose(target.heatmap[0, ..., channel], heatmap / 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("output", "fix"), [("activation", "lrp.output=logit"), ("logit", "weights may be all zero")])
+def test_a_reference_scoring_exactly_zero_is_refused_with_the_fix_for_its_output(dataset, output, fix):
+    model = build_model(Architecture("mlp", hidden=(8,), output_activation="relu"), seed=0)
+    weights = model.get_weights()
+    if output == "activation":  # a dead ReLU output: the activation is 0 whatever the logit
+        weights[-2], weights[-1] = np.zeros_like(weights[-2]), np.full_like(weights[-1], -1.0)
+    else:
+        weights = [np.zeros_like(w) for w in weights]
+    model.set_weights(weights)
+    with pytest.raises(ValueError, match="exactly 0") as info:
+        build_target("class", dataset, LRP(model, "epsilon", output=output), label=7)
+    assert fix in str(info.value) and f"lrp.output={output}" in str(info.value)
+
+
+def test_a_zero_reference_heatmap_of_a_nonzero_score_asks_for_another_image(dataset):
+    # Only the output bias is non-zero: the score is 1, all of it on the bias, none on the pixels.
+    model = build_model(Architecture("mlp", hidden=(8,)), seed=0)
+    weights = [np.zeros_like(w) for w in model.get_weights()]
+    weights[-1][:] = 1.0
+    model.set_weights(weights)
+    with pytest.raises(ValueError, match="all zeros") as info:
+        build_target("class", dataset, LRP(model, "epsilon"), label=7)
+    assert "target.index" in str(info.value) and "target.scale" not in str(info.value) and "exactly 0" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def table() -> Dataset:
+    labels = np.tile(np.arange(10), 2).astype(np.int64)
+    x = np.random.default_rng(4).normal(size=(20, 5)).astype(np.float32)
+    return Dataset(x, labels, x.copy(), labels.copy(), name="table", feature_names=("a", "b", "c", "d", "e"))
+
+
+def test_a_pattern_on_a_table_is_refused_naming_the_targets_that_fit(table):
+    with pytest.raises(ValueError, match=r"draws on images.*shape \(5,\).*suppress_feature"):
+        build_target("pattern", table, None, label=3)
+
+
+def test_feature_targets_move_the_references_relevance_and_name_the_features(table):
+    model = build_model(Architecture("mlp", hidden=(8,)), input_shape=(5,), seed=0)
+    explainer = LRP(model, "epsilon")
+    reference = explainer(table.x_test[3:4], 3).numpy()
+    swapped = build_target("swap_features", table, explainer, label=3, feature=1, like_feature=4)
+    expected = reference.copy()
+    expected[0, 4] += reference[0, 1]
+    expected[0, 1] = 0.0
+    np.testing.assert_allclose(swapped.heatmap, expected, rtol=1e-5, atol=1e-7)
+    assert swapped.source.endswith(", b given to e")
+    suppressed = build_target("suppress_feature", table, explainer, label=3, feature=1)
+    assert suppressed.heatmap[0, 1] == 0 and suppressed.heatmap.sum() == pytest.approx(reference.sum(), rel=1e-5)
+    assert suppressed.source.endswith(", b suppressed")
