@@ -77,7 +77,7 @@ def trial_name(out: str, root: str) -> str:
     '0_loss=l1 (multirun/2026-12-04/22-24-44)'
     """
     relative = os.path.normpath(os.path.relpath(out, root))
-    if relative.startswith("."):
+    if relative in (os.curdir, os.pardir) or relative.startswith(os.pardir + os.sep):  # the root itself, or outside it
         return os.path.basename(os.path.normpath(out))
     where, folder = os.path.split(relative)
     return f"{folder} ({where})" if where else folder

@@ -162,3 +162,118 @@ def test_a_tables_bar_chart_says_which_features_it_shows():
     assert ax.get_xlabel() == "relevance (the 15 of 30 features largest in any map)"
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"f{i}" for i in range(15, 30)]  # largest at the top
     assert feature_figure(names[:5], {k: v[:5] for k, v in maps.items()}).axes[0].get_xlabel() == "relevance"
+
+
+def test_difference_panel_is_target_minus_final_under_a_labelled_bar():
+    image, target = _maps()
+    final = 0.25 * target + 0.1
+    fig = heatmap_figure(image, target, target, final)
+    np.testing.assert_allclose(_image_axes(fig)[4].images[0].get_array(), target - final)
+    assert [bar.get_ylabel() for bar in _colorbars(fig)] == ["relevance"]
+
+
+def test_an_all_zero_target_takes_the_final_maps_scale_and_non_finite_values_are_left_out():
+    image, target = _maps()
+    fig = heatmap_figure(image, np.zeros_like(target), target, target)
+    peak = np.abs(target).max()
+    assert _image_axes(fig)[1].images[0].get_clim() == pytest.approx((-peak, peak))
+    spiked = target.copy()
+    spiked[0, 0] = np.nan
+    peak = np.nanmax(np.abs(spiked))
+    fig = heatmap_figure(image, spiked, spiked, spiked)
+    assert _image_axes(fig)[1].images[0].get_clim() == pytest.approx((-peak, peak))
+
+
+def test_a_panel_past_twice_the_scale_is_attenuated():
+    image, target = _maps()
+    # 3 times the scale: past SATURATED (2), 10 ** -ceil(log10(3)) = 0.1
+    assert _image_axes(heatmap_figure(image, target, 3 * target, target))[2].get_title() == "initial (x0.1)"
+
+
+def test_caption_lists_the_scores_in_order_then_the_rescaling_note():
+    image, target = _maps()
+    scores = {"loss": 0.125, "spearman": 0.5, "pearson": 0.75, "ssim": None, "cosine": 0.875, "steps": 4}
+    fig = heatmap_figure(image, target, 0.001 * target, target, scores)
+    scores_line, note = _caption(fig).split("\n")
+    assert scores_line == "cosine 0.875   pearson 0.75   spearman 0.5   loss 0.125"
+    assert note == "a panel marked xN shows its values times N on the colour bar"
+    to_rgb(fig)  # drawn: the caption sits under the panels, not over them
+    below = min(ax.get_window_extent().y0 for ax in fig.axes)
+    assert fig.texts[0].get_window_extent().y1 < below
+
+
+def test_input_outside_0_1_is_drawn_over_its_own_range():
+    image, target = _maps()
+    standardized = 1.5 * image - 1.0  # below 0, not above 1
+    shown = _image_axes(heatmap_figure(standardized, target, target, target))[0].images[0].get_array()
+    low, high = standardized.min(), standardized.max()
+    np.testing.assert_allclose(shown, (standardized - low) / (high - low))
+
+
+def test_dataset_figure_names_the_columns_once_and_grows_a_row_at_a_time():
+    image, target = _maps(2)
+    rows = [Row(image, target, target, target, label=str(k), cosine=0.5) for k in range(3)]
+    fig = dataset_figure(rows, title="pattern")
+    assert fig._suptitle.get_text() == "pattern"
+    assert [ax.get_title() for ax in _image_axes(fig)[4:]] == [""] * 8
+    # 2.2 inches a row: at 80 dpi two more rows are 2 * 176 pixels taller
+    assert to_rgb(fig).shape[0] - to_rgb(dataset_figure(rows[:1])).shape[0] == 2 * 176
+
+
+def test_dataset_figure_notes_a_rescaled_panel_of_any_row():
+    image, target = _maps(3)
+    rows = [Row(image, target, target, 0.001 * target, label="0", cosine=0.5),
+            Row(image, target, target, target, label="1", cosine=0.5)]
+    assert _caption(dataset_figure(rows)) == "a panel marked xN shows its values times N on the colour bar"
+
+
+def test_save_writes_a_110_dpi_png_with_the_caption_inside(tmp_path):
+    image, target = _maps()
+    sizes = {}
+    for name, scores in (("bare", None), ("scored", {"cosine": 1.0})):
+        (png, _) = save(heatmap_figure(image, target, target, target, scores), str(tmp_path / name))
+        with Image.open(png) as opened:
+            sizes[name] = opened.size
+            assert opened.info["dpi"] == pytest.approx((110, 110), abs=0.01)
+    # the caption under the panels is cropped in, not cut off at the figure's edge
+    assert sizes["scored"][0] == sizes["bare"][0] and sizes["scored"][1] > sizes["bare"][1]
+
+
+def test_a_failed_save_leaves_the_earlier_file_and_no_temporary_one(tmp_path):
+    image, target = _maps()
+    fig = heatmap_figure(image, target, target, target)
+    (tmp_path / "heatmaps.png").write_bytes(b"earlier")
+
+    def broken(path, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"half a PNG")
+        raise OSError("disk full")
+
+    fig.savefig = broken
+    with pytest.raises(OSError, match="disk full"):
+        save(fig, str(tmp_path / "heatmaps"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heatmaps.png"]
+    assert (tmp_path / "heatmaps.png").read_bytes() == b"earlier"
+
+
+def test_to_rgb_renders_at_the_asked_dpi():
+    image, target = _maps()
+    # 12.5 x 3.3 inches
+    assert to_rgb(heatmap_figure(image, target, target, target), dpi=40).shape == (132, 500, 3)
+
+
+def test_feature_bars_rank_by_absolute_relevance_and_show_each_maps_values():
+    names = ["a", "b", "c", "d"]
+    maps = {"target": np.array([0.1, -0.9, 0.5, 0.0]), "student": np.array([0.2, 0.3, -0.4, 0.05])}
+    ax = feature_figure(names, maps, title="credit", top=3).axes[0]
+    # b's -0.9 is the largest relevance in either map: a negative one tells as much as a positive one
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "c", "b"]  # the largest at the top
+    assert ax.get_title() == "credit"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["target", "student"]
+    bars = {container.get_label(): container.patches for container in ax.containers}
+    for label, values in maps.items():
+        assert [bar.get_width() for bar in bars[label]] == pytest.approx(values[[0, 2, 1]].tolist())
+    for k, tick in enumerate(ax.get_yticks()):
+        (low, middle), (touching, high) = sorted((bar[k].get_y(), bar[k].get_y() + bar[k].get_height()) for bar in bars.values())
+        # side by side, not drawn over each other, and labelled at the group's centre
+        assert middle == pytest.approx(touching) and tick == pytest.approx((low + high) / 2)

@@ -8,14 +8,19 @@ file back through TensorBoard's ``EventAccumulator``.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 from tensorboard.plugins.histogram.summary_v2 import histogram_pb
 from tensorboard.util import tensor_util
 
-from heatinv.summaries import Summaries, histogram_buckets, image_tensor, scalar_tensor
+from conftest import dense_model
+from heatinv.models import variable_tag
+from heatinv.summaries import Summaries, compared_hparams, histogram_buckets, image_tensor, scalar_tensor, trial_name
 
 
 @pytest.mark.parametrize("size", [1, 7, 1000])
@@ -81,3 +86,120 @@ def test_a_resumed_run_replaces_what_was_logged_after_its_checkpoint(tmp_path):
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
     series = [(e.step, round(float(tf.make_ndarray(e.tensor_proto)), 6)) for e in events.Tensors("1_match_per_step/cosine")]
     assert series == [(10, 0.1), (20, 0.2), (30, 0.8), (40, 0.9), (50, 1.0)]
+
+
+def _read(logdir) -> EventAccumulator:
+    return EventAccumulator(str(logdir), size_guidance={"tensors": 0}).Reload()
+
+
+def _values(events, tag) -> list[tuple[int, float]]:
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
+
+
+def _pixels(events, tag) -> np.ndarray:
+    width, height, png = tf.make_ndarray(events.Tensors(tag)[0].tensor_proto)
+    with Image.open(io.BytesIO(png)) as image:
+        assert image.size == (int(width), int(height))
+        return np.asarray(image.convert("RGB")).astype(int)
+
+
+def test_health_puts_each_variables_norm_and_zero_fraction_under_its_own_tag(tmp_path):
+    variables = dense_model().trainable_variables
+    names = [variable_tag(v) for v in variables]
+    norms, zeros = [1.0 + k for k in range(6)], [k / 8 for k in range(6)]
+    with Summaries(str(tmp_path), axis="step") as summaries:
+        summaries.health(5, 2, variables, norms, zeros)
+    events = _read(tmp_path)
+    assert _values(events, "3_health_per_step/nonfinite_steps") == [(5, 2.0)]
+    for name, norm, zero in zip(names, norms, zeros):
+        assert _values(events, f"4_grad_norm_per_step/{name}") == [(5, norm)]
+        assert _values(events, f"3_health_per_step/zero_grad_fraction/{name}") == [(5, zero)]
+
+
+def test_gradient_histograms_are_of_each_variables_own_gradient(tmp_path):
+    variables = dense_model().trainable_variables
+    rng = np.random.default_rng(0)
+    # Far-apart ranges: a histogram of the weights, or of another variable's gradient, has other edges.
+    gradients = [rng.normal(size=v.shape) + 100.0 * (k + 1) for k, v in enumerate(variables)]
+    with Summaries(str(tmp_path)) as summaries:
+        summaries.histograms(3, variables, gradients)
+    events = _read(tmp_path)
+    for variable, gradient in zip(variables, gradients):
+        for prefix, values in (("weights", variable.numpy()), ("gradients", gradient)):
+            (event,) = events.Tensors(f"{prefix}/{variable_tag(variable)}")
+            buckets = tf.make_ndarray(event.tensor_proto)
+            assert event.step == 3 and buckets.shape == (30, 3)
+            assert (buckets[0, 0], buckets[-1, 1]) == (float(values.min()), float(values.max()))
+            assert buckets[:, 2].sum() == values.size
+
+
+def test_heatmap_tiles_share_the_targets_scale_red_positive(tmp_path):
+    target = np.zeros((4, 5))
+    target[0, 0], target[0, 1] = 2.0, -1.0
+    with Summaries(str(tmp_path)) as summaries:
+        summaries.heatmaps_once(np.zeros((4, 5)), target, 0.5 * target)
+        summaries.current_heatmap(7, target, 0.5 * target)
+    events = _read(tmp_path)
+    # On [-2, 2]: +2 is pure red, -1 half blue; half the target is half as saturated, not its own full red.
+    expected = [[255, 0, 0], [128, 128, 255], [255, 255, 255]]
+    np.testing.assert_allclose(_pixels(events, "heatmap/target")[0, :3], expected, atol=1)
+    for tag in ("heatmap/initial", "heatmap/current"):
+        np.testing.assert_allclose(_pixels(events, tag)[0, :2], [[255, 128, 128], [191, 191, 255]], atol=1)
+    assert [e.step for e in events.Tensors("heatmap/current")] == [7]
+
+
+def test_an_all_zero_target_is_drawn_white_and_the_initial_map_on_its_own_scale(tmp_path):
+    initial = np.zeros((3, 3))
+    initial[1, 1] = -0.25
+    with Summaries(str(tmp_path)) as summaries:
+        summaries.heatmaps_once(np.zeros((3, 3)), np.zeros((3, 3)), initial)
+    events = _read(tmp_path)
+    assert (_pixels(events, "heatmap/target") == 255).all()
+    assert _pixels(events, "heatmap/initial")[1, 1].tolist() == [0, 0, 255]
+
+
+def test_preformatted_text_is_one_code_block_at_its_step(tmp_path):
+    with Summaries(str(tmp_path)) as summaries:
+        summaries.preformatted("diagnosis", "\nno finding\n  layer   share\n\n", step=7)
+    (event,) = _read(tmp_path).Tensors("diagnosis")
+    assert event.step == 7
+    assert tf.make_ndarray(event.tensor_proto).item().decode() == "```\nno finding\n  layer   share\n```"
+
+
+def test_flush_puts_what_was_written_on_disk_and_leaving_closes_the_file(tmp_path):
+    """A checkpoint follows a flush: the events before it must be readable even if the process dies next."""
+    with Summaries(str(tmp_path)) as summaries:
+        summaries.match(4, {"loss": 0.5})
+        summaries.flush()
+        (path,) = tmp_path.glob("events.out.tfevents.*")
+        tags = [value.tag for event in tf.compat.v1.train.summary_iterator(str(path)) for value in event.summary.value]
+        assert tags == ["1_match_per_step/loss"]
+    with pytest.raises(OSError, match="closed"):
+        summaries.match(5, {"loss": 0.25})
+
+
+@pytest.mark.parametrize(
+    "out, expected",
+    [
+        ("outputs/multirun/2026-12-04/22-24-44/0_loss=l1", "0_loss=l1 (multirun/2026-12-04/22-24-44)"),
+        ("outputs/run-a", "run-a"),  # directly under the root: no empty "()"
+        ("/elsewhere/run-b/", "run-b"),  # outside the root: the folder alone
+    ],
+)
+def test_trial_name_is_the_folder_then_where_it_lies_under_the_root(out, expected):
+    assert trial_name(out, "outputs") == expected
+
+
+def test_hparams_row_strips_override_syntax_and_leaves_out_how_a_job_starts():
+    flat = {"loss.name": "huber", "loss.delta": 0.2, "loss.delta_max": 1.0, "lrp.gamma": 0.5, "lrp.epsilon": 1e-6,
+            "model.name": "mlp", "init.kind": None, "trainer.resume": True, "data.name": "mnist"}
+    overrides = ["+loss.delta=0.2", "++lrp.gamma=0.5", "data@data=mnist", "trainer.resume=true"]
+    row = compared_hparams(flat, overrides)
+    # "loss.delta" is one key, not the start of "loss.delta_max"; None is a string HParams can show.
+    assert row == {"loss.name": "huber", "loss.delta": 0.2, "lrp.gamma": 0.5, "model.name": "mlp", "init.kind": "none",
+                   "data.name": "mnist"}
+
+
+def test_trial_name_keeps_where_a_run_lies_under_a_dot_named_folder():
+    """Only "." and ".." mean outside the root: a folder named ".sweeps" is inside it."""
+    assert trial_name("outputs/.sweeps/2026-12-04/0_loss=l1", "outputs") == "0_loss=l1 (.sweeps/2026-12-04)"
