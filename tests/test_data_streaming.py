@@ -10,23 +10,30 @@ never decode more than a few batches ahead of the step that uses them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 
 from conftest import compose_run, train_command
 from drawn_shapes import write_folder
 from heatinv import data, explanation_cache
 from heatinv.data import image_files
 from heatinv.build import DatasetProblem, StreamedProblem, architecture, build_parts, dataset_problem, single_target
+from heatinv.channel_sum import ChannelSumLRP
+from heatinv.explanation_cache import cached_explanations, entry_paths
 from heatinv.loop import TEST_SIGNAL_VARIABLE
+from heatinv.lrp import LRP
 from heatinv.manipulate import DatasetTask, epoch_order
-from heatinv.models import build_model, fingerprint
+from heatinv.models import Architecture, build_model, fingerprint, train_reference, validation_split
 from heatinv.train import run
 
 SEED = 0  # trainer.seed of the default config: the folder's split seed
@@ -267,6 +274,9 @@ def test_the_reference_cache_key_follows_the_folders_files_without_reading_them(
     assert fingerprint(data.load_folder(folder, (24, 24), 0.2, seed=SEED)) != first  # other image size, other inputs
     ds = data.load_folder(folder, (32, 32), 0.2, seed=SEED)
     changed = ds.x_train.paths[0]
+    status = os.stat(changed)
+    os.utime(changed, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))  # rewritten at the same size, as `touch` leaves it
+    assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) != first
     with open(changed, "ab") as handle:  # one more byte: size and modification time change
         handle.write(b"\0")
     assert fingerprint(data.load_folder(folder, (32, 32), 0.2, seed=SEED)) != first
@@ -288,3 +298,132 @@ def test_the_figure_names_each_rows_class(tmp_path, shapes, monkeypatch):
     run(streamed)
     assert drawn and all(drawn), drawn
     assert {label for labels in drawn for label in labels} <= {"cross", "disk", "square"}, drawn
+
+
+@pytest.fixture(scope="module")
+def small_folder(tmp_path_factory) -> str:
+    """30 drawn shapes (24 training, 6 held-out images at a split of 0.2)."""
+    return write_folder(str(tmp_path_factory.mktemp("small") / "shapes"), count=30)
+
+
+def counted_explain(calls: list):
+    """A stand-in for the compiled explainer: heatmap = channel sum x (label + 1), logits = one-hot x mean pixel."""
+
+    def explain(x, labels):
+        calls.append(len(labels))
+        scale = tf.cast(labels + 1, tf.float32)[:, None, None, None]
+        mean = tf.reduce_mean(x, axis=[1, 2, 3])[:, None]
+        return tf.reduce_sum(x, axis=-1, keepdims=True) * scale, tf.one_hot(labels, 3) * mean
+
+    return explain
+
+
+def tiny_explainer(cls=LRP, activation="relu"):
+    keras.backend.clear_session()  # as build_parts: the layers' automatic names (in the model's JSON) start again
+    keras.utils.set_random_seed(0)
+    return cls(build_model(Architecture("cnn", filters=(2,), activation=activation), 3, input_shape=(32, 32, 3)))
+
+
+def test_cached_explanations_hold_each_images_numbers_in_split_order_read_only(tmp_path, small_folder, caplog):
+    ds = data.load_folder(small_folder, (32, 32), 0.2, seed=SEED)
+    calls = []
+    maps, logits = cached_explanations(counted_explain(calls), tiny_explainer(), ds, "test", str(tmp_path), {"epsilon": 0.1})
+    # The files decoded by PIL, in the split's order: PNG is lossless and 32x32 -> 32x32 is no resize.
+    images = np.stack([np.asarray(Image.open(path).convert("RGB"), np.float64) / 255 for path in ds.x_test.paths])
+    labels = np.asarray(ds.y_test)
+    assert maps.shape == (6, 32, 32, 1) and logits.shape == (6, 3) and maps.dtype == logits.dtype == np.float32
+    np.testing.assert_allclose(maps, images.sum(-1, keepdims=True) * (labels + 1)[:, None, None, None], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(logits, np.eye(3)[labels] * images.mean(axis=(1, 2, 3))[:, None], rtol=1e-6, atol=1e-7)
+    assert not maps.flags.writeable and not logits.flags.writeable  # the cache entry is never written through
+    assert calls == [6]
+    for _ in range(2):
+        with caplog.at_level("INFO", logger="heatinv.explanation_cache"):
+            maps, _ = cached_explanations(counted_explain(calls), tiny_explainer(), ds, "train", str(tmp_path), {"epsilon": 0.1})
+    assert maps.shape == (24, 32, 32, 1) and calls == [6, 24]
+    assert "explanations of the training images come from the cache" in caplog.text
+
+
+def test_an_entry_missing_either_file_is_computed_again(tmp_path, small_folder):
+    ds = data.load_folder(small_folder, (32, 32), 0.2, seed=SEED)
+    explainer, calls = tiny_explainer(), []
+    maps_path, logits_path = entry_paths(str(tmp_path), explainer, ds, "test", {})
+    for missing in (logits_path, maps_path):
+        cached_explanations(counted_explain(calls), explainer, ds, "test", str(tmp_path), {})
+        os.remove(missing)
+    cached_explanations(counted_explain(calls), explainer, ds, "test", str(tmp_path), {})
+    assert calls == [6, 6, 6]
+    assert sorted(os.listdir(tmp_path)) == sorted(map(os.path.basename, (maps_path, logits_path)))
+
+
+def test_a_pipeline_that_gives_fewer_images_than_the_split_leaves_no_entry(tmp_path, small_folder, monkeypatch):
+    ds = data.load_folder(small_folder, (32, 32), 0.2, seed=SEED)
+    whole = data.Dataset.batches
+    monkeypatch.setattr(data.Dataset, "batches", lambda self, split, size, *a, **k: whole(self, split, size, *a, **k).unbatch().take(5).batch(size))
+    with pytest.raises(RuntimeError, match="explained 5 of the 6 images of the test split"):
+        cached_explanations(counted_explain([]), tiny_explainer(), ds, "test", str(tmp_path), {})
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_entry_renames_its_logits_before_its_heatmaps(tmp_path, small_folder, monkeypatch):
+    ds = data.load_folder(small_folder, (32, 32), 0.2, seed=SEED)
+    renamed = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda source, target: (renamed.append(os.path.basename(target)), replace(source, target)))
+    cached_explanations(counted_explain([]), tiny_explainer(), ds, "test", str(tmp_path), {})
+    assert [name.split(".", 1)[1] for name in renamed] == ["logits.npy", "maps.npy"]
+
+
+def test_the_explanation_cache_key_covers_labels_files_explainer_architecture_and_code(tmp_path, small_folder, monkeypatch):
+    from heatinv import explanation_cache as cache_module
+
+    folder = shutil.copytree(small_folder, tmp_path / "shapes")
+    ds = data.load_folder(str(folder), (32, 32), 0.2, seed=SEED)
+    explainer = tiny_explainer()
+    settings = {"composite": "epsilon", "epsilon": 0.1}
+    base = entry_paths(str(tmp_path), explainer, ds, "test", settings)
+    assert entry_paths(str(tmp_path), tiny_explainer(), ds, "test", dict(settings)) == base  # the same inputs: the same entry
+    keys = {"base": base}
+    keys["labels"] = entry_paths(str(tmp_path), explainer, dataclasses.replace(ds, y_test=np.roll(ds.y_test, 1)), "test", settings)
+    keys["image size"] = entry_paths(str(tmp_path), explainer, data.load_folder(str(folder), (24, 24), 0.2, seed=SEED), "test", settings)
+    keys["settings"] = entry_paths(str(tmp_path), explainer, ds, "test", {**settings, "epsilon": 0.2})
+    keys["channel sum"] = entry_paths(str(tmp_path), tiny_explainer(ChannelSumLRP), ds, "test", settings)
+    # Softplus instead of ReLU: the same weights, another function.
+    keys["architecture"] = entry_paths(str(tmp_path), tiny_explainer(activation="softplus"), ds, "test", settings)
+    touched = ds.x_test.paths[0]
+    status = os.stat(touched)
+    os.utime(touched, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))  # rewritten at the same size, as `touch` leaves it
+    keys["touched"] = entry_paths(str(tmp_path), explainer, ds, "test", settings)
+    os.utime(touched, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert entry_paths(str(tmp_path), explainer, ds, "test", settings) == base
+    with monkeypatch.context() as patch:
+        patch.setattr(keras, "__version__", "0.0.0")
+        keys["keras version"] = entry_paths(str(tmp_path), explainer, ds, "test", settings)
+    # A copy of the package's sources stands in for the installed one; editing a rule's source changes the key.
+    package = tmp_path / "package"
+    shutil.copytree(os.path.dirname(cache_module.__file__), package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache_module, "__file__", str(package / "explanation_cache.py"))
+    assert entry_paths(str(tmp_path), explainer, ds, "test", settings) == base
+    for edited in ("lrp/rules.py", "data/image_files.py", "channel_sum.py"):
+        with open(package / edited, "a") as source:
+            source.write("\n# edited\n")
+        keys[edited] = entry_paths(str(tmp_path), explainer, ds, "test", settings)
+    assert len({paths[0] for paths in keys.values()}) == len({paths[1] for paths in keys.values()}) == len(keys), keys
+
+
+def test_a_streamed_reference_validates_on_the_training_images_its_fit_leaves_out(small_folder, monkeypatch):
+    ds = data.load_folder(small_folder, (32, 32), 0.2, seed=SEED)
+    seen = {}
+    fit = keras.Model.fit
+
+    def recording(self, x, *args, validation_data=None, **kwargs):
+        seen["fit"] = np.concatenate([images.numpy() for images, _ in x])
+        seen["validation"] = np.concatenate([images.numpy() for images, _ in validation_data])
+        return fit(self, x, *args, validation_data=validation_data, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "fit", recording)
+    train_reference(Architecture("mlp", hidden=(4,)), ds, epochs=1, seed=SEED)
+    fit_idx, val_idx = validation_split(len(ds.y_train), SEED)
+    # The files decoded by PIL: the validation images are the held-back training files, in order.
+    pixels = [np.asarray(Image.open(path).convert("RGB"), np.float64) / 255 for path in ds.x_train.paths]
+    np.testing.assert_allclose(seen["validation"], np.stack([pixels[i] for i in val_idx]), rtol=0, atol=1e-6)
+    assert len(seen["fit"]) == len(fit_idx) == len(ds.y_train) - len(val_idx)

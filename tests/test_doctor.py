@@ -331,10 +331,42 @@ def test_train_stops_when_a_step_has_only_zero_gradients(composed, monkeypatch):
         return wrapped
 
     monkeypatch.setattr(single, "compile_step", zeroing)
+    diagnoses = []
+    real_diagnose = single.diagnose
+
+    def diagnose(*args, **kwargs):  # healthy before step 1; the stop's diagnosis stands in for what it finds
+        diagnoses.append(real_diagnose(*args, **kwargs) if not diagnoses else [Finding("all-zero", None, "at step 1", "a fix")])
+        return diagnoses[-1]
+
+    monkeypatch.setattr(single, "diagnose", diagnose)
     with pytest.raises(train.GradientsVanished) as stop:
         train.run(cfg)
     assert stop.value.step == 1
-    assert json.loads((out / "metrics.json").read_text())["stopped_at_step"] == 1
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped_at_step"] == 1
+    # what metrics.json and doctor.json say is the diagnosis made where the run stopped, not the one before step 1
+    assert len(diagnoses) == 2 and diagnoses[0] == [] and codes(stop.value.findings) == ["all-zero"]
+    assert [f["code"] for f in metrics["diagnosis"]] == ["all-zero"]
+    assert json.loads((out / "doctor.json").read_text()) == metrics["diagnosis"]
+
+
+@pytest.mark.parametrize("code, stops", [("vanished-signal", True), ("all-zero", True), ("zero-residual", True), ("dead-units", False)])
+def test_only_a_finding_that_leaves_nothing_to_learn_stops_the_single_task_before_step_1(composed, monkeypatch, code, stops):
+    import heatinv.single as single
+    from heatinv.train import GradientsVanished, run
+
+    finding = Finding(code, None, "measured", "a fix")
+    monkeypatch.setattr(single, "diagnose", lambda *args, **kwargs: [finding])
+    cfg, out = composed(*SMALL_RUN)
+    if stops:
+        with pytest.raises(GradientsVanished) as stop:
+            run(cfg)
+        assert stop.value.step == 0 and codes(stop.value.findings) == [code]
+    else:
+        run(cfg)  # a warning, and the run goes its course
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == (0 if stops else 5) and metrics["stopped_at_step"] == (0 if stops else None)
+    assert [f["code"] for f in json.loads((out / "doctor.json").read_text())] == [code]
 
 
 def test_doctor_cli_function_on_healthy_and_zero_residual_runs(composed, capsys):

@@ -14,7 +14,9 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from heatinv import models
 from heatinv.data import Dataset
 from heatinv.explanation_cache import model_fingerprint
 from heatinv.models import (
@@ -22,11 +24,14 @@ from heatinv.models import (
     Architecture,
     accuracy,
     build_model,
+    fingerprint,
+    keras_reason,
     load_model_file,
     load_weights_file,
     reference_model,
     train_reference,
     validation_split,
+    with_input_shape,
 )
 
 TINY = Architecture("mlp", hidden=(8,))
@@ -97,6 +102,8 @@ def test_cnn_refuses_images_its_poolings_would_shrink_to_nothing(shape):
     with pytest.raises(ValueError, match=rf"at least 4x4 pixels; the data gives {shape[0]}x{shape[1]}.*model.pool=strided"):
         build_model(Architecture("cnn", filters=(16, 32)), 3, input_shape=shape)
     build_model(Architecture("cnn", filters=(16, 32), pool="strided"), 3, input_shape=shape)  # "same" padding: never empty
+    # 4x4 is just enough for two 2x2 poolings: 4 -> 2 -> 1.
+    assert build_model(Architecture("cnn", filters=(16, 32)), 3, input_shape=(4, 4, 1)).layers[-1].kernel.shape == (32, 3)
 
 
 def test_cnn_average_pooling_takes_each_windows_mean():
@@ -141,6 +148,38 @@ def test_unknown_pooling_is_refused():
 def test_l2_zero_means_no_regularizer():
     assert all(getattr(layer, "kernel_regularizer", None) is None for layer in build_model(Architecture(l2=0.0)).layers)
     assert build_model(Architecture(l2=1e-3)).layers[-1].kernel_regularizer is not None
+
+
+def test_l2_penalizes_every_kernel_not_only_the_output():
+    for arch in (Architecture("mlp", hidden=(8, 4), l2=1e-3), Architecture("cnn", filters=(2, 3), l2=1e-3)):
+        model = build_model(arch, seed=0)
+        kernels = [np.asarray(w, np.float64) for w in model.weights if w.path.endswith("kernel")]
+        assert len(kernels) == 3, arch.name
+        # Keras's L2: l2 * sum(w ** 2) per kernel; biases unpenalized.
+        want = sum(1e-3 * np.sum(k**2) for k in kernels)
+        assert float(sum(model.losses)) == pytest.approx(want, rel=1e-5), arch.name
+
+
+def test_softplus_mlp_puts_softplus_of_its_beta_after_each_linear_hidden_layer():
+    model = build_model(Architecture("mlp", hidden=(5, 4), activation="softplus", beta=3.0), seed=0)
+    x = np.random.default_rng(3).uniform(size=(2, 28, 28, 1)).astype(np.float32)
+    for i in (1, 2):
+        assert model.get_layer(f"dense_{i}").activation.__name__ == "linear"
+        pre = keras.Model(model.inputs[0], model.get_layer(f"dense_{i}").output)(x).numpy().astype(np.float64)
+        post = keras.Model(model.inputs[0], model.get_layer(f"softplus_{i}").output)(x).numpy()
+        # log(1 + exp(3 z)) / 3; with beta=1 it would differ by up to log(2) - log(2)/3 near 0.
+        np.testing.assert_allclose(post, np.logaddexp(0.0, 3.0 * pre) / 3.0, rtol=1e-5, atol=1e-6)
+
+
+def test_with_input_shape_keeps_a_model_already_built_for_the_shape_and_rebuilds_one_that_is_not():
+    model = build_model(Architecture("cnn", filters=(2,)), 3, seed=0, input_shape=(8, 8, 1))
+    assert with_input_shape(model, (8, 8, 1)) is model  # no copy: the caller's model, its variables
+    inputs = keras.Input((None, None, 1))
+    open_model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(inputs)))
+    built = with_input_shape(open_model, (8, 8, 1))
+    x = np.random.default_rng(4).uniform(size=(2, 8, 8, 1)).astype(np.float32)
+    kernel, bias = open_model.get_weights()
+    np.testing.assert_allclose(built(x).numpy(), x.mean(axis=(1, 2)) @ kernel + bias, rtol=1e-5, atol=1e-6)
 
 
 def test_seed_fixes_the_initial_weights():
@@ -216,6 +255,10 @@ def test_load_model_file_says_what_the_file_is_instead(tmp_path):
     unzipped = tmp_path / "unzipped"
     build_model(TINY, seed=1).save(unzipped, zipped=False)  # Keras's own folder format loads
     assert load_model_file(str(unzipped)).count_params() == build_model(TINY, seed=1).count_params()
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(b"not an HDF5 file")
+    with pytest.raises(ValueError, match=r"cut.h5 \(model.path\) is not an HDF5 file"):
+        load_model_file(str(cut))
     weights = tmp_path / "tiny.weights.h5"
     build_model(TINY, seed=1).save_weights(weights)
     with pytest.raises(ValueError, match=r"holds weights only .* model.weights=<file>.weights.h5"):
@@ -235,6 +278,25 @@ def test_weights_that_do_not_fit_name_the_variable_and_both_shapes(tmp_path):
     assert "does not fit model=mlp built for" in message
     assert re.search(r"dense_\d/kernel has shape \(784, 8\) in the model and \(784, 12\) in the file\.", message), message
     assert "\n" not in message and "value=[" not in message
+
+
+def test_keras_reason_is_one_sentence_without_printed_arrays_and_cut_at_its_limit():
+    error = ValueError("Layer 'dense' expected 2 variables,\n  but received 0.\n<Variable path=dense/bias, value=[0.1 0.2 0.3]> ok")
+    reason = keras_reason(error)
+    assert reason == "Layer 'dense' expected 2 variables, but received 0. <Variable path=dense/bias, > ok."
+    long = ValueError(" ".join(["word"] * 300))  # 1499 characters
+    cut = keras_reason(long, limit=40)
+    assert cut == "word word word word word word word word ..."
+    assert keras_reason(ValueError("Done.")) == "Done."
+
+
+def test_weights_file_must_be_a_weights_h5_on_disk(tmp_path):
+    model = build_model(TINY, seed=1)
+    whole = tmp_path / "tiny.h5"
+    model.save(whole)  # a whole model, legacy HDF5: not model.save_weights's file
+    for path in (whole, tmp_path / "missing.weights.h5"):
+        with pytest.raises(FileNotFoundError, match=r"\(model.weights\) is not a \.weights\.h5 file on disk"):
+            load_weights_file(model, str(path), "mlp")
 
 
 def test_weights_of_another_architecture_give_one_error_not_a_warning_per_layer(tmp_path):
@@ -297,6 +359,7 @@ def test_reference_cache_key_covers_the_config(dataset, tmp_path, count_fit):
         "output_activation": {"arch": Architecture("mlp", hidden=(8,), output_activation="relu")},
         "pool": {"arch": Architecture("mlp", hidden=(8,), pool="avg")},
         "dataset": {"data": smaller},
+        "labels": {"data": Dataset(dataset.x_train, dataset.y_train[::-1].copy(), dataset.x_test, dataset.y_test, name="synthetic")},
     }
     for n, (what, change) in enumerate(changes.items(), start=1):
         c = {**base, **change}
@@ -304,6 +367,37 @@ def test_reference_cache_key_covers_the_config(dataset, tmp_path, count_fit):
         # Each changed config is trained into its own entry, never loaded from another's.
         assert len(count_fit) == n, what
         assert len(os.listdir(tmp_path)) == n, what
+
+
+def test_a_new_reference_recipe_trains_a_new_entry(dataset, tmp_path, count_fit, monkeypatch):
+    reference_model(TINY, dataset, 1, str(tmp_path))
+    monkeypatch.setattr(models, "REFERENCE_RECIPE", "a later recipe")
+    reference_model(TINY, dataset, 1, str(tmp_path))
+    assert len(count_fit) == 2 and len(os.listdir(tmp_path)) == 2
+
+
+def test_reference_accuracy_is_the_test_images_whether_trained_cached_or_given_weights(dataset, tmp_path):
+    # Test labels unlike the training labels, so that the two splits' accuracies differ.
+    shifted = Dataset(dataset.x_train, dataset.y_train, dataset.x_test, (dataset.y_test + 3) % 10, name="synthetic")
+
+    def numpy_accuracy(model, x, y):
+        return float(np.mean(np.argmax(model(x).numpy(), axis=1) == y))
+
+    trained, trained_accuracy = reference_model(TINY, shifted, 3, str(tmp_path / "cache"))
+    want = numpy_accuracy(trained, shifted.x_test, shifted.y_test)
+    assert numpy_accuracy(trained, shifted.x_train, shifted.y_train) != want  # the check can tell the splits apart
+    assert trained_accuracy == pytest.approx(want)
+    assert reference_model(TINY, shifted, 3, str(tmp_path / "cache"))[1] == pytest.approx(want)
+    weights = tmp_path / "reference.weights.h5"
+    trained.save_weights(weights)
+    _, given_accuracy = reference_model(TINY, shifted, 3, str(tmp_path / "unused"), weights=str(weights))
+    assert given_accuracy == pytest.approx(want)
+
+
+def test_the_training_fingerprint_covers_the_labels(dataset):
+    relabelled = Dataset(dataset.x_train, dataset.y_train[::-1].copy(), dataset.x_test, dataset.y_test, name="synthetic")
+    same = Dataset(dataset.x_train.copy(), dataset.y_train.copy(), dataset.x_test, dataset.y_test, name="synthetic")
+    assert fingerprint(same) == fingerprint(dataset) != fingerprint(relabelled)
 
 
 def test_cached_reference_loads_in_safe_mode(dataset, tmp_path, count_fit):
@@ -343,6 +437,28 @@ def test_validation_split_is_a_seeded_partition_of_the_training_indices():
     again_fit, again_val = validation_split(200, seed=3)
     np.testing.assert_array_equal(val, again_val)
     assert not np.array_equal(val, validation_split(200, seed=4)[1])
+
+
+def test_validation_split_keeps_one_validation_image_however_few_there_are():
+    for count in (2, 3):  # 15 % of them rounds to 0
+        fit, val = validation_split(count, seed=0)
+        assert len(val) == 1 and sorted([*fit, *val]) == list(range(count))
+
+
+def test_training_the_reference_leaves_op_determinism_as_it_found_it(dataset):
+    from tensorflow.python.framework import config as tf_config
+
+    try:
+        for enabled in (False, True):
+            if enabled:
+                tf.config.experimental.enable_op_determinism()
+            else:
+                tf_config.disable_op_determinism()
+            train_reference(TINY, dataset, epochs=1, seed=0)
+            # As found: a run that did not ask for determinism keeps TensorFlow's faster kernels afterwards.
+            assert tf_config.is_op_determinism_enabled() == enabled
+    finally:
+        tf_config.disable_op_determinism()
 
 
 def test_reference_validates_on_training_images_never_on_the_test_set(dataset, monkeypatch):

@@ -254,6 +254,8 @@ def test_applications_build_at_the_datas_shape_and_class_count(name):
 def test_application_refuses_small_or_flat_inputs():
     with pytest.raises(ValueError, match="at least 32x32"):
         build_application("resnet50", (28, 28, 1), 10)
+    with pytest.raises(ValueError, match=r"at least 32x32 pixels; the data gives inputs of shape \(31, 40, 3\)"):
+        build_application("mobilenetv2", (31, 40, 3), 3)  # one pixel short in height
     with pytest.raises(ValueError, match=r"feature vectors of shape \(30,\)\. Use model=mlp for a table\.$"):
         build_application("vgg16", (30,), 2)
 

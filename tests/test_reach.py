@@ -99,3 +99,24 @@ def test_the_single_task_names_a_target_out_of_reach_with_its_bound(composed, ca
     with caplog.at_level("INFO", logger="heatinv"):
         run(cfg)
     assert "out of the rule's reach" not in caplog.text
+
+
+@pytest.mark.parametrize("bound, warned", [(0.985, True), (0.995, False)])
+def test_the_single_task_warns_below_a_best_cosine_of_099(bound, warned, caplog):
+    from types import SimpleNamespace
+
+    from heatinv.single import SingleTask
+
+    image = np.array([[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]], np.float32)
+    # b on each zero input: the best cosine is ||t_S|| / ||t|| = sqrt(3) / sqrt(3 + 3 b^2) = bound.
+    b = np.sqrt(1 / bound**2 - 1)
+    heatmap = np.array([[1.0, 1.0, 1.0, b, b, b]])
+    task = SimpleNamespace(
+        explainer=LRP(MODELS["dense"](), "epsilon"),
+        target=SimpleNamespace(image=image, heatmap=heatmap),
+        cfg=SimpleNamespace(lrp=SimpleNamespace(composite="epsilon")),
+    )
+    with caplog.at_level("WARNING", logger="heatinv"):
+        SingleTask._warn_if_out_of_reach(task)
+    assert ("out of the rule's reach" in caplog.text) == warned
+    assert (f"the best cosine any weights can reach is {bound:.3f}." in caplog.text) == warned

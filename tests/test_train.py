@@ -158,7 +158,8 @@ def test_tensorboard_gradients_per_trainable_variable(default_run):
     tags = set(accumulator.Tags()["tensors"])
     student = keras.saving.load_model(os.path.join(out, "student.keras"), safe_mode=True)
     expected = [variable_tag(v) for v in student.trainable_variables]
-    assert len(expected) == 6  # three Dense layers, kernel and bias
+    # three Dense layers, kernel and bias, each its own tag under its layer's fixed name
+    assert expected == [f"{layer}/{weight}" for layer in ("dense_1", "dense_2", "output") for weight in ("kernel", "bias")]
     norm_tags = [f"4_grad_norm_per_step/{name}" for name in expected]
     zero_tags = [f"3_health_per_step/zero_grad_fraction/{name}" for name in expected]
     for tag in norm_tags + zero_tags + ["3_health_per_step/nonfinite_steps"]:
@@ -192,6 +193,27 @@ def test_tensorboard_images_once_current_over_time_and_the_figure(default_run):
     # The input as its values: a digit's empty border (0) is black, not inverted to white paper
     _, _, png = tf.make_ndarray(accumulator.Tensors("heatmap/input")[0].tensor_proto)
     assert tf.io.decode_png(png).numpy()[0, 0].tolist() == [0, 0, 0]
+
+
+def test_tensorboard_target_tile_shows_the_target(default_run, cache_dir):
+    out, _ = default_run
+    cfg = train_config(out, cache_dir)
+    target = single_target(cfg, load_dataset("digits"), build_parts(cfg).reference).heatmap[0, ..., 0]
+    _, _, png = tf.make_ndarray(events(out).Tensors("heatmap/target")[0].tensor_proto)
+    rgb = tf.io.decode_png(png).numpy().astype(int)
+    assert rgb.shape[:2] == target.shape
+    # Red for positive relevance, blue for negative: on the pixels of clear relevance, the tile's colour has the target's sign.
+    clear = np.abs(target) > 0.05 * np.abs(target).max()
+    assert clear.sum() >= 10
+    np.testing.assert_array_equal(np.sign(rgb[..., 0] - rgb[..., 2])[clear], np.sign(target[clear]))
+
+
+def test_tensorboard_current_heatmap_only_at_the_rare_log_steps(tmp_path, cache_dir):
+    run(train_config(tmp_path, cache_dir, "trainer.steps=20", "trainer.log_every=1", "trainer.steps_per_execution=1"))
+    accumulator = events(tmp_path)
+    # 20 steps logged each: every 4th is a rare one (RARE_LOGS = 5), where an image costs its rendering.
+    assert [event.step for event in accumulator.Tensors("heatmap/current")] == [4, 8, 12, 16, 20]
+    assert [step for step, _ in scalar_series(accumulator, "1_match_per_step/loss")] == list(range(1, 21))
 
 
 def test_tensorboard_text_is_preformatted(default_run):
@@ -236,6 +258,19 @@ def test_hparams_row_adds_the_command_lines_keys():
     flat = {"loss.name": "huber", "loss.delta": 0.2, "lrp.gamma": 0.5, "model.hidden": [16, 8], "trainer.steps": 3}
     row = compared_hparams(flat, ["loss=huber", "model.hidden=[16,8]", "debug=smoke"])
     assert row == {"loss.name": "huber", "loss.delta": 0.2, "model.hidden": "[16, 8]", "trainer.steps": 3}
+
+
+def test_summary_line_gives_each_metric_its_own_value():
+    from heatinv.single import SingleTask
+
+    metrics = {"cosine": 0.98765, "ssim": 0.5, "pearson": 0.25, "spearman": 0.125, "loss": 0.00123, "steps": 40,
+               "steps_per_second": 1580.4, "reference_accuracy": 0.9, "student_accuracy": 0.75}
+    assert SingleTask.summary_line(metrics) == (
+        "heatinv: cosine 0.9877  ssim 0.500  pearson 0.2500  spearman 0.125  loss 0.00123  after 40 steps (1580/s); "
+        "accuracy reference 0.900, student 0.750"
+    )
+    # No step timed after the first call: no speed, rather than a made-up one.
+    assert "after 1 step; accuracy" in SingleTask.summary_line({**metrics, "steps": 1, "steps_per_second": None})
 
 
 def test_metrics_json_times_the_whole_loop(default_run):
