@@ -392,6 +392,13 @@ def validate(cfg) -> None:
             "Config value task.classes=[] selects no class, so no heatmap would move. Name the classes whose heatmaps "
             "move (e.g. task.classes=[1]), or leave it null for all of them (task.classes=null)."
         )
+    wrong = [c for c in cfg.task.classes or () if isinstance(c, bool) or not isinstance(c, (int, str))]
+    if wrong:
+        raise ConfigError(
+            f"Config value task.classes={as_command_line(cfg.task.classes)} holds {as_command_line(wrong[0])}, which is "
+            "neither a class index nor a class's name as the data's log lists them (a csv's label, a folder's "
+            "subfolder). Give indices or names, e.g. task.classes=[1]."
+        )
     if cfg.task.classes is not None and len(set(cfg.task.classes)) != len(cfg.task.classes):
         twice = sorted({c for c in cfg.task.classes if list(cfg.task.classes).count(c) > 1}, key=str)
         raise ConfigError(

@@ -39,14 +39,16 @@ def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
 
 
 def as_command_line(value) -> str:
-    """A config value as it is typed on the command line (lists without quotes).
+    """A config value as it is typed on the command line (lists without quotes, booleans lowercase).
 
     Example:
-    >>> as_command_line(["square", 0]), as_command_line(0.5)
-    ('[square, 0]', '0.5')
+    >>> as_command_line(["square", 0, True]), as_command_line(0.5), as_command_line(False)
+    ('[square, 0, true]', '0.5', 'false')
     """
     value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    return str(list(value)).replace("'", "") if isinstance(value, (list, tuple)) else str(value)
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(as_command_line, value))}]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def out_of_reach(composite: str, rule: str, reach: str) -> str:

@@ -154,6 +154,12 @@ def test_a_file_given_where_nothing_reads_it_is_refused(compose_train, overrides
         (["lrp=epsilon", "lrp.gamma=0.5"], "lrp.gamma=0.5", "lrp=epsilon_gamma_box", "lrp.composite='epsilon'"),
         (["lrp=zplus", "lrp.epsilon=0.01"], "lrp.epsilon=0.01", "an epsilon rule", "lrp.composite='zplus'"),
         (["lrp=epsilon_plus", "lrp.low=0"], "lrp.low=0", "a zbox rule", "lrp.composite='epsilon_plus'"),
+        (["task=dataset", "target=pattern", "target.scale=2"], "target.scale=2.0", "target=pattern with task=single", "task.kind='dataset'"),
+        (["target=file", "target.path=m.npy", "target.image=x.npy", "target.index=3"], "target.index=3",
+         "task=single without target.image", "target.image='x.npy'"),
+        (["model.weights=w.weights.h5", "model.reference_epochs=5"], "model.reference_epochs=5", "a reference trained here",
+         "model.weights='w.weights.h5'"),
+        (["data.label_column=outcome"], "data.label_column=outcome", "data=csv", "data.name='digits'"),
     ],
 )
 def test_a_key_the_run_does_not_read_is_refused(compose_train, overrides, unread, by, has):
@@ -176,12 +182,21 @@ def test_a_key_the_run_does_not_read_is_refused(compose_train, overrides, unread
         ["task=dataset", "target=pattern", "task.epochs=3", "task.logit_weight=1", "task.teacher=kl", "task.temperature=2"],
         ["task=dataset", "target=pattern", "task.early_stopping=true", "task.min_agreement=0.9"],
         ["task=dataset", "target=suppress", "target.top_k=10"],
+        ["data=tabular", "target=swap_features", "target.feature=mean radius", "target.like=mean texture"],
         ["data=folder", "data.path=shapes", "data.test_split=0.3", "data.image_size=[16,16]", "data.color_mode=grayscale"],
         ["lrp.gamma=0.5", "lrp.low=0", "lrp.epsilon=0.01", "target.label=3", "target.index=2", "trainer.steps=5"],
     ],
 )
 def test_keys_with_the_choice_that_reads_them_are_accepted(compose_train, overrides):
     validate(compose_train(*overrides))
+
+
+def test_a_key_forced_in_with_plus_plus_is_checked_as_typed():
+    from heatinv.config import TrainConfig, unread_keys
+
+    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["loss.delta=0.3"]))
+    said = "loss.delta=0.3 is read only with loss=huber, and this run has loss.name='mse'"
+    assert unread_keys(cfg, ["++loss.delta=0.3"]) == [said] == unread_keys(cfg, ["loss.delta=0.3"])
 
 
 def test_a_sweep_job_warns_of_an_unread_key_and_runs(compose_train, caplog):
@@ -294,6 +309,12 @@ def test_missing_group_file_fails_at_compose(compose_train):
         ("trainer.checkpoint_seconds=-1", "trainer.checkpoint_seconds"),
         ("trainer.max_nonfinite=-1", "trainer.max_nonfinite"),
         ("data.test_split=1", "data.test_split"),
+        ("data.test_split=0", "data.test_split"),  # an empty held-out share
+        ("target.top_k=0", "target.top_k"),
+        ("model.beta=0", "model.beta"),  # softplus(0 x) / 0
+        ("task.epochs=0", "task.epochs"),
+        ("task.batch_size=0", "task.batch_size"),
+        ("trainer.steps_per_execution=0", "trainer.steps_per_execution"),
     ],
 )
 def test_out_of_range_value_fails_validate_naming_key_and_a_value_that_fits(compose_train, override, key):
@@ -321,6 +342,55 @@ def test_a_value_that_must_be_positive_is_given_an_example(compose_train):
 def test_the_dataset_objectives_weights_are_finite_non_negative_and_not_all_zero(compose_train, overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose_train("task=dataset", "target=pattern", *overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.resume=true", "trainer.overwrite=true"], r"trainer\.resume=true and trainer\.overwrite=true contradict.*Keep one"),
+        (["target.label=true"], r"target\.label=True must be a class index >= 0"),  # a bool is an int: it read as class 1
+        (["trainer.strategy=mirrored"], r"trainer\.strategy='mirrored' only applies to the dataset objective.*\(task=dataset\)"),
+        (["task=dataset", "target=pattern", "task.success_threshold=1.5"], r"task\.success_threshold=1\.5 must be in \[0, 1\]"),
+        (["target=pattern", "target.pattern=file"], r"target\.pattern=file needs target\.path="),
+        (["data=tabular", "task=dataset", "target=suppress_feature", "target.feature=null"],
+         r"target=suppress_feature needs target\.feature="),
+        (["data=tabular", "target=swap_features", "target.feature=mean radius", "target.like=1"],
+         r"target=swap_features needs target\.like=<the feature name.*got 1\."),
+        (["task=dataset", "target=swap", "target.like=true"], r"target=swap needs target\.like=<a class index or name>, got True\."),
+        (["data=folder", "data.path=shapes", "data.image_size=[32]"], r"data\.image_size=\[32\] must be \[height, width\]"),
+        (["data=folder", "data.path=shapes", "data.image_size=[0,32]"], r"data\.image_size=\[0, 32\] must be \[height, width\], both >= 1"),
+        (["data.name=npz"], r"data=npz needs data\.path=/path/to/your/file\.npz"),
+        (["data.name=folder"], r"data=folder needs data\.path=/path/to/your/folder\."),
+        (["data=csv", "data.path=t.csv", "data.label_column=null"], r"data=csv needs data\.label_column="),
+        (["lrp.low=2", "lrp.high=1"], r"lrp\.low=2 > lrp\.high=1.*low <= high"),
+        (["data=tabular", "data.name=tabular"], r"data\.name='tabular' names no data heatinv has.*data\.name=breast_cancer or wine"),
+    ],
+)
+def test_a_setting_that_cannot_run_is_refused_naming_what_it_needs(compose_train, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_train(*overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["lrp.epsilon=0", "lrp.gamma=0"],  # LRP-0 and a plain z rule: the ">= 0" the messages promise
+        ["lrp.low=0.5", "lrp.high=0.5"],  # a box of one value is low <= high
+        ["task=dataset", "target=pattern", "task.success_threshold=0"],
+        ["task=dataset", "target=pattern", "task.success_threshold=1"],
+        ["data=folder", "data.path=shapes", "data.image_size=[1,1]", "data.test_split=0.99"],
+    ],
+)
+def test_the_edge_values_the_messages_allow_are_accepted(compose_train, overrides):
+    validate(compose_train(*overrides))
+
+
+@pytest.mark.parametrize("classes", ["[true]", "[1.5]"])
+def test_a_class_list_entry_that_is_no_index_or_name_is_refused(compose_train, classes):
+    """As target.label=true and target.label=1.5 are: task.classes=[true] and [1.5] both moved class 1."""
+    entry = classes.strip("[]")
+    with pytest.raises(ConfigError, match=rf"task\.classes=\[1, {entry}\] holds {entry}, which is neither a class index nor"):
+        validate(compose_train("task=dataset", "target=pattern", f"task.classes=[1,{entry}]"))
 
 
 def test_a_class_named_twice_is_refused(compose_train):
@@ -369,6 +439,14 @@ def test_unknown_choice_fails_validate_naming_key_and_choices(compose_train, ove
     assert override.split("=")[1] in message
     for allowed in CHOICES[key]:
         assert repr(allowed) in message, f"{allowed!r} missing from: {message}"
+
+
+@pytest.mark.parametrize(
+    ("override", "example"), [("loss.name=l3", "`loss.name=l1`"), ("trainer.jit_compile=maybe", "`trainer.jit_compile=auto`")]
+)
+def test_an_unknown_choice_is_given_the_first_choice_as_an_example(compose_train, override, example):
+    with pytest.raises(ConfigError, match=f"Fix it on the command line, e.g. {example}."):
+        validate(compose_train(override))
 
 
 def test_validate_accepts_file_choices_with_paths(compose_train, tmp_path):

@@ -195,6 +195,42 @@ def test_explaining_a_set_counts_images_or_a_tables_examples(rng, caplog, shape,
     assert caplog.records and caplog.records[-1].getMessage().endswith(f"5/5 {unit} (100%), 0 s"), caplog.text
 
 
+def test_a_swap_named_by_class_gives_held_out_images_the_training_mean_of_that_class(composed):
+    from heatinv.build import architecture, dataset_problem
+    from heatinv.data import load_dataset
+
+    cfg, _ = composed("data=tabular", "task=dataset", "target=swap", "target.like=benign", "task.classes=[malignant]", "lrp=epsilon")
+    ds = load_dataset("breast_cancer")
+    reference = build_model(architecture(cfg), ds.num_classes, seed=0, input_shape=ds.input_shape)  # untrained: any maps do
+    problem = dataset_problem(cfg, ds, reference)
+    assert problem.description == "swap like class 1 (benign) (classes [0 (malignant)])"
+    assert problem.test_chosen.tolist() == (ds.y_test == 0).tolist()
+    # Class 1 does not move, so its training targets are the reference's own maps.
+    mean = problem.train_targets[ds.y_train == 1].astype(np.float64).mean(axis=0)
+    unit = mean / abs(mean.sum())
+    for i in range(len(ds.y_test)):
+        total = abs(problem.test_maps[i].astype(np.float64).sum())
+        expected = unit * total if ds.y_test[i] == 0 else problem.test_maps[i]
+        np.testing.assert_allclose(problem.test_targets[i], expected, rtol=1e-4, atol=1e-6 * max(total, 1e-3), err_msg=str(i))
+
+
+def test_moved_examples_are_the_first_count_the_target_moves_across_batches():
+    from types import SimpleNamespace
+
+    from heatinv.build import DatasetProblem, moved_examples
+
+    n = 600
+    chosen = np.zeros(n, bool)
+    chosen[250:261] = chosen[300:311] = True  # 6 in the first batch of 256, then 16 more
+    rows = np.arange(n, dtype=np.float32)
+    dataset = SimpleNamespace(x_test=rows[:, None], y_test=np.arange(n) % 3, name="rows")
+    problem = DatasetProblem(None, None, None, rows[:, None], rows[:, None], -rows[:, None], chosen, "test")
+    x, labels, targets = moved_examples(problem, dataset, count=16)
+    first = np.flatnonzero(chosen)[:16]
+    assert x[:, 0].tolist() == first.tolist() and labels.tolist() == (first % 3).tolist()
+    assert targets[:, 0].tolist() == (-first).tolist()
+
+
 def test_evaluate_scores_the_given_held_out_images(rng):
     model = build_model(Architecture(hidden=(16, 8)), seed=0)
     x = rng.uniform(0, 1, (20, 28, 28, 1)).astype("float32")

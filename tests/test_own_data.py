@@ -22,7 +22,7 @@ import pytest
 from conftest import expect, train_command
 from drawn_shapes import CLASSES, draw_shapes, write_folder, write_npz
 from heatinv import data
-from heatinv.build import build_parts, check_target_fits_data, explainer_for
+from heatinv.build import build_parts, check_target_fits_data, default_box_to_data_range, explainer_for
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
 from heatinv.feature_targets import feature_index, feature_share, move_feature_relevance
@@ -421,6 +421,17 @@ def test_a_class_without_held_out_examples_is_no_target(config, tmp_path):
            "target.label=2", "no held-out example", "classes 0, 1")
 
 
+def test_a_file_target_with_its_own_image_needs_no_held_out_example_of_its_class(config, tmp_path):
+    # The image given is what gets explained: class 2's missing held-out examples do not matter.
+    x, y = draw_shapes(12)
+    np.savez(tmp_path / "no2.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=np.where(y[8:] == 2, 0, y[8:]))
+    np.save(tmp_path / "map.npy", np.ones((32, 32), np.float32))
+    np.save(tmp_path / "image.npy", x[2])
+    cfg = config("data=npz", f"data.path={tmp_path}/no2.npz", "target=file", f"target.path={tmp_path}/map.npy",
+                 f"target.image={tmp_path}/image.npy", "target.label=2")
+    check_target_fits_data(cfg, data.load_npz(str(tmp_path / "no2.npz")))
+
+
 def test_csv_too_small_to_hold_rows_out(config, tmp_path):
     (tmp_path / "three.csv").write_text("a,b,outcome\n1,2,x\n3,4,y\n5,6,x\n")
     expect(ValueError, config("data=csv", f"data.path={tmp_path}/three.csv", "data.label_column=outcome"), "'three'",
@@ -650,6 +661,19 @@ def test_target_label_may_name_the_class(config, tmp_path):
         expect(ConfigError, config(*csv, f"target.label={wrong}"), "must be a class index >= 0 or a class's name")
 
 
+def test_a_class_name_not_in_many_classes_lists_the_first_eleven_and_the_last():
+    from types import SimpleNamespace
+
+    from heatinv.build import class_index
+
+    many = SimpleNamespace(class_names=tuple(f"c{i}" for i in range(15)), name="many")
+    with pytest.raises(ConfigError) as caught:
+        class_index("c15", "target.label", many)
+    listed = ", ".join(f"{i} 'c{i}'" for i in range(11))
+    assert f"whose classes are {listed}, ..., 14 'c14'. Give one" in str(caught.value)
+    assert class_index("c14", "target.label", many) == 14
+
+
 def test_the_dataset_task_names_its_classes_by_name_too(config, tmp_path):
     """task.classes and target.like take a class's name as target.label does, and a swap onto itself is refused."""
     from heatinv.build import moved_classes, like_class
@@ -741,7 +765,7 @@ def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config,
 
     monkeypatch.setattr(heatinv.build, "reference_model", no_reference)
     expect(ConfigError, config("data=tabular"), "target.label=7", "breast_cancer", "0 (malignant), 1 (benign)",
-           "target=class target.label=0")
+           "target=class target.label=0", "(target=digit7, the default, is the digits' shorthand for target=class target.label=7)")
     expect(ConfigError, config("data=npz", f"data.path={shapes_npz}", "target=pattern"), "target.label=0 (with target=pattern)")
     # suppress's top_k must leave some of the map
     expect(ConfigError, config("data=tabular", "task=dataset", "target=suppress"), "target.top_k=50", "30 features",
@@ -760,6 +784,66 @@ def test_a_target_the_data_cannot_have_fails_before_the_reference_trains(config,
     expect(ValueError, config("data=tabular", "target=suppress_feature", "target.feature=height"), "target.feature='height'")
     expect(ValueError, config("data=tabular", "target=swap_features", "target.feature='mean radius'", "target.like=height"),
            "target.like='height'")
+
+
+@pytest.mark.parametrize(
+    ("channels", "pixels", "what"), [("sum", 32 * 32, "pixels"), ("keep", 32 * 32 * 3, "pixel channels")]
+)
+def test_suppress_may_empty_all_but_one_entry_of_the_compared_map(config, shapes_npz, channels, pixels, what):
+    # A colour image's map summed over channels has height x width entries; kept, three times as many.
+    ds = data.load_npz(shapes_npz)
+    npz = ("data=npz", f"data.path={shapes_npz}", "task=dataset", "target=suppress", f"target.channels={channels}")
+    check_target_fits_data(config(*npz, f"target.top_k={pixels - 1}"), ds)
+    with pytest.raises(ConfigError, match=rf"target\.top_k={pixels} would empty all {pixels} {what} of a shapes heatmap"):
+        check_target_fits_data(config(*npz, f"target.top_k={pixels}"), ds)
+
+
+def test_an_unset_zbox_range_becomes_each_features_range_and_a_set_one_stays(config, caplog):
+    ds = data.load_tabular("wine")
+    cfg = config("data=tabular", "data.name=wine", "lrp.high=100")
+    with caplog.at_level(logging.INFO, logger="heatinv.build"):
+        default_box_to_data_range(cfg, ds)
+    assert f"lrp.low = 13 values, one per channel/feature, from {ds.low.min():.3g} to {ds.low.max():.3g}" in caplog.text
+    assert "lrp.high =" not in caplog.text
+    assert len(cfg.lrp.low) == 13
+    np.testing.assert_allclose(np.asarray(cfg.lrp.low), ds.low, rtol=0, atol=5e-7)  # said to 6 decimals, no coarser
+    assert cfg.lrp.high == 100
+
+
+def test_zbox_bounds_of_two_lengths_are_refused_naming_both(config):
+    ds = data.load_tabular("wine")
+    with pytest.raises(ConfigError, match=r"lrp\.low=\[0, 0\] and lrp\.high=\[1, 1, 1\] do not make an input box"):
+        default_box_to_data_range(config("data=tabular", "data.name=wine", "lrp.low=[0,0]", "lrp.high=[1,1,1]"), ds)
+
+
+def test_the_single_targets_class_and_example_must_be_in_the_held_out_split(config):
+    ds = data.load_dataset("digits")
+    count = int(np.count_nonzero(ds.y_test == 7))  # target=digit7: class 7's held-out examples
+    check_target_fits_data(config(f"target.index={count - 1}"), ds)  # the last one
+    with pytest.raises(ConfigError, match=rf"target\.index={count} asks for held-out example {count} .* holds {count} held-out "
+                       rf"examples of that class; pick target\.index from 0 to {count - 1}, or"):
+        check_target_fits_data(config(f"target.index={count}"), ds)
+    with pytest.raises(ConfigError, match=r"target\.label=10 is not a class of the digits data, whose labels are 0, 1, .*, 9\. ") as caught:
+        check_target_fits_data(config("target.label=10"), ds)
+    assert "target=digit7" not in str(caught.value)  # the default's hint is for label 7 only
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["target=pattern", "task.classes=[-1]"], r"task\.classes=\[-1\] names class -1, which the digits data does not have"),
+        (["target=swap", "task.classes=[0]", "target.like=0"], r"make class 0's heatmaps look like its own mean.*e\.g\. task\.classes=\[1\]"),
+    ],
+)
+def test_the_dataset_tasks_classes_must_be_the_datas_and_move_something(config, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_target_fits_data(config("task=dataset", *overrides), data.load_dataset("digits"))
+
+
+def test_a_feature_target_on_images_is_refused_naming_the_targets_for_images(config):
+    with pytest.raises(ValueError, match=r"target=suppress_feature moves the relevance of a table's feature; the digits data "
+                       r"gives images of shape \(28, 28, 1\)\. Use a table .*target=pattern/swap/suppress"):
+        check_target_fits_data(config("target=suppress_feature", "target.feature=pixel"), data.load_dataset("digits"))
 
 
 def test_unknown_feature_lists_the_features(config):
@@ -805,6 +889,24 @@ def test_dataset_task_on_a_table_reports_the_feature_share(composed, caplog, tar
     assert f"feature share {before:.2%}, from " in caplog.text
     assert (f"feature share reference {metrics['reference_feature_share']:.2%}, student {metrics['feature_share']:.2%}"
             in caplog.text)
+
+
+def test_the_feature_report_measures_agreement_and_shares_on_the_held_out_rows(config):
+    from heatinv.build import architecture, dataset_problem, feature_report
+
+    cfg = config("data=tabular", "task=dataset", "target=suppress_feature", "target.feature=worst area", "lrp=epsilon")
+    ds = data.load_tabular("breast_cancer")
+    reference = build_model(architecture(cfg), ds.num_classes, seed=0, input_shape=ds.input_shape)  # untrained: any maps do
+    problem = dataset_problem(cfg, ds, reference)
+    predicted = np.argmax(reference.predict(ds.x_test, verbose=0), axis=-1)
+    flipped = np.arange(len(predicted)) < 10  # the student names another class for the first 10 rows
+    student_logits = np.eye(2, dtype=np.float32)[np.where(flipped, 1 - predicted, predicted)]
+    metrics, _ = feature_report(cfg, ds, problem, problem.test_targets, student_logits, reference, "held-out")
+    assert metrics["agreement"] == pytest.approx(1 - 10 / len(predicted))
+    magnitude = np.abs(problem.test_maps.astype(np.float64))
+    worst_area = ds.feature_names.index("worst area")
+    assert metrics["reference_feature_share"] == pytest.approx(magnitude[:, worst_area].sum() / magnitude.sum())
+    assert metrics["feature_share"] == 0.0  # the targets hold none of it
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,11 @@ def test_job_folders_leave_out_what_a_resume_may_change_and_run_folders_keep_it(
 
     assert job_folder_name(3, "loss=l1,model.hidden=[16,8],trainer.steps=600,task.epochs=2") == "3_loss=l1,model.hidden=[16,8]"
     assert job_folder_name(0, ",".join(f"{key}=1" for key in MAY_CHANGE_ON_RESUME)) == "0_"
+    # Named one by one: how long it runs, how often it logs and saves, how the same updates run.
+    resumable = ("trainer.steps=9,task.epochs=9,trainer.log_every=3,trainer.checkpoint_every=3,trainer.checkpoint_seconds=0,"
+                 "trainer.max_nonfinite=3,trainer.steps_per_execution=3,trainer.jit_compile=false,trainer.strategy=mirrored,"
+                 "trainer.resume=true,trainer.overwrite=true")
+    assert job_folder_name(1, f"{resumable},trainer.seed=1") == "1_trainer.seed=1"
     assert run_folder_name("23-37-04", "trainer.steps=600") == "23-37-04_trainer.steps=600"
 
 

@@ -448,6 +448,21 @@ def test_a_model_file_no_better_than_guessing_is_warned_about(tmp_path, cache_di
     assert "commonest class" not in caplog.text
 
 
+def test_a_weights_file_no_better_than_guessing_is_warned_about(tmp_path, cache_dir, caplog):
+    from heatinv.build import architecture
+
+    weights = tmp_path / "blind.weights.h5"
+    cfg = train_config(tmp_path / "out", cache_dir, f"model.weights={weights}")
+    digits = load_dataset("digits")
+    model = build_model(architecture(cfg), digits.num_classes, seed=0, input_shape=digits.input_shape)
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])  # every logit 0: always class 0
+    model.save_weights(weights)
+    with caplog.at_level("WARNING", logger="heatinv.build"):
+        build_parts(cfg)
+    assert f"the model of model.weights={weights} classifies" in caplog.text
+    assert "no better than always naming its commonest class" in caplog.text
+
+
 def test_a_saved_sequential_model_with_open_sizes_is_built_for_the_data(tmp_path):
     """A loaded Sequential has ``inputs`` but no ``input`` ("has never been called"): it raised AttributeError."""
     from heatinv.models import with_input_shape
