@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 
 from heatinv import models
 from heatinv.data import Dataset
@@ -85,3 +86,57 @@ def test_a_model_without_batch_norm_is_left_alone():
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     assert set_population_statistics(model, [np.ones((2, 3), np.float32)]) == 0
+
+
+def batch_norm_on_inputs(features: int, **options) -> keras.Model:
+    """Input -> BN -> Dense: the BN's inputs are the images themselves, whose statistics NumPy computes directly."""
+    inputs = keras.Input((features,))
+    return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.BatchNormalization(**options)(inputs)))
+
+
+def test_population_statistics_are_the_mean_and_biased_variance_of_all_batches():
+    from heatinv.precise_batch_norm import set_population_statistics
+
+    # An offset of 1000 and a spread of 1: float32 sums of squares would lose the variance.
+    x = np.random.default_rng(0).normal([1000.0, -3.0, 0.0], [1.0, 0.5, 2.0], (80, 3)).astype(np.float32)
+    model = batch_norm_on_inputs(3)
+    batches = [(x[:32], np.zeros(32)), x[32:64], [x[64:], np.zeros(16)]]  # (x, y) tuples and lists, and bare x
+    assert set_population_statistics(model, batches) == 1
+    (layer,) = batch_norm_layers(model)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), x.astype(np.float64).mean(axis=0), rtol=1e-7, atol=0)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), x.astype(np.float64).var(axis=0), rtol=1e-6, atol=0)
+
+
+def test_a_constant_channel_gets_a_variance_of_zero_not_a_rounding_below():
+    from heatinv.precise_batch_norm import set_population_statistics
+
+    model = batch_norm_on_inputs(1)
+    # 100 copies of this value: the float64 E[x^2] - E[x]^2 comes out -7e-15
+    assert set_population_statistics(model, [np.full((100, 1), 6.369617, np.float32)]) == 1
+    assert batch_norm_layers(model)[0].moving_variance.numpy()[0] == 0.0
+
+
+def test_no_batches_is_refused_and_leaves_the_statistics():
+    from heatinv.precise_batch_norm import set_population_statistics
+
+    model = batch_norm_on_inputs(3)
+    with pytest.raises(ValueError, match="No training batches"):
+        set_population_statistics(model, [])
+    (layer,) = batch_norm_layers(model)
+    assert (layer.moving_mean.numpy() == 0).all() and (layer.moving_variance.numpy() == 1).all()
+
+
+def test_a_batch_norm_over_another_axis_than_the_last_is_refused():
+    from heatinv.precise_batch_norm import set_population_statistics
+
+    inputs = keras.Input((4, 3))
+    model = keras.Model(inputs, keras.layers.BatchNormalization(axis=1)(inputs))
+    with pytest.raises(ValueError, match="last axis only"):
+        set_population_statistics(model, [np.ones((2, 4, 3), np.float32)])
+
+
+def test_batch_norm_layers_of_a_nested_model_are_found():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3), keras.layers.BatchNormalization(name="inner_bn")])
+    inputs = keras.Input((3,))
+    outer = keras.layers.BatchNormalization(name="outer_bn")(inner(inputs))
+    assert [layer.name for layer in batch_norm_layers(keras.Model(inputs, outer))] == ["inner_bn", "outer_bn"]

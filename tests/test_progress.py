@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 
-from heatinv.progress import Progress
+from heatinv import progress as progress_module
+from heatinv.progress import ConsoleFilter, FitProgress, Progress
 
 
 class Terminal(io.StringIO):
@@ -54,3 +56,58 @@ def test_a_stretch_started_late_counts_from_its_start(caplog):
     screen = Terminal()
     progress = Progress("training", 100, "steps", stream=screen, start=25)
     assert progress.bar.target == 75  # the bar's rate and estimate leave out the first 25 steps
+
+
+class Clock:
+    """time.monotonic, moved by hand: which update gets a line depends on the seconds between them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_log_gets_a_line_ten_seconds_after_the_last_line(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="heatinv.progress")
+    clock = Clock()
+    monkeypatch.setattr(progress_module, "time", clock)
+    progress = Progress("optimizing the heatmap", 100, "steps", stream=io.StringIO())
+    for seconds, done in ((5.0, 1), (10.25, 2), (15.0, 3), (21.0, 4), (30.0, 5), (32.0, 100)):
+        clock.now = seconds
+        progress.update(done, {"loss": 0.123456})
+    assert lines(caplog)[1:] == [
+        "heatinv: optimizing the heatmap: 2/100 steps (2%), 10 s, loss 0.1235",
+        "heatinv: optimizing the heatmap: 4/100 steps (4%), 21 s, loss 0.1235",  # 15 s was 4.75 s after the last line
+        "heatinv: optimizing the heatmap: 100/100 steps (100%), 32 s, loss 0.1235",  # 30 s was 9 s after
+    ]
+
+
+def test_a_stretch_of_no_units_is_reported_done(caplog):
+    caplog.set_level(logging.INFO, logger="heatinv.progress")
+    Progress("explaining the test set", 0, "images", stream=io.StringIO()).update(0)
+    assert lines(caplog)[-1].startswith("heatinv: explaining the test set: 0/0 images (100%), ")
+
+
+def test_fit_progress_counts_batches_over_all_epochs(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="heatinv.progress")
+    monkeypatch.setattr(progress_module, "time", Clock())
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal, even under pytest -s
+    callback = FitProgress("training the reference", epochs=3, batches_per_epoch=4)
+    for epoch in range(3):
+        callback.on_epoch_begin(epoch)
+        for batch in range(4):
+            callback.on_train_batch_end(batch, {"loss": 0.5})
+    assert lines(caplog) == ["heatinv: training the reference", "heatinv: training the reference: 12/12 batches (100%), 0 s, loss 0.5"]
+
+
+def test_a_terminal_bar_counts_from_the_start_in_steps(caplog):
+    caplog.set_level(logging.INFO, logger="heatinv.progress")
+    progress = Progress("training", 100, "steps", stream=Terminal(), start=25)
+    progress.update(50)
+    assert progress.bar._seen_so_far == 25 and progress.bar.unit_name == "step"  # the bar shows "ms/step"
+
+
+def test_the_console_filter_drops_only_file_only_records():
+    assert not ConsoleFilter().filter(logging.makeLogRecord({"msg": "bar's last state", "file_only": True}))
+    assert ConsoleFilter().filter(logging.makeLogRecord({"msg": "a line"}))

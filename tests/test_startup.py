@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -46,6 +47,14 @@ def test_importing_heatinv_leaves_the_devices_to_the_program():
         "E0000 00:00:1796070540.3 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
         "I0000 00:00:1796070531.7 port.cc:153] oneDNN custom operations are on. You may see slightly different numerical results",
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        # shown when the user sets TF_CPP_MIN_LOG_LEVEL=0 (start_tensorflow keeps it)
+        "I0000 00:00:1796557172.9 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available CPU instructions in performance-critical operations.",
+        "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.",
+        # CUDA builds of TensorFlow 2.16 to 2.18
+        "E0000 00:00:1796070531.7 cuda_dnn.cc:8310] Unable to register cuDNN factory: Attempting to register factory for plugin cuDNN when one has already been registered",
+        "E0000 00:00:1796070531.7 cuda_fft.cc:485] Unable to register cuFFT factory: Attempting to register factory for plugin cuFFT when one has already been registered",
+        "E0000 00:00:1796070531.7 cuda_blas.cc:1418] Unable to register cuBLAS factory: Attempting to register factory for plugin cuBLAS when one has already been registered",
+        "W0000 00:00:1796070531.7 computation_placer.cc:177] computation placer already registered. Please check linkage and avoid linking the same target more than once.",
     ],
 )
 def test_known_notices(line):
@@ -87,3 +96,43 @@ def test_training_the_reference_writes_no_determinism_notice(capfd):
 
     train_reference(Architecture("mlp", hidden=(8,)), load_dataset("digits"), 1)
     assert "use_unbounded_threadpool" not in capfd.readouterr().err
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_start_tensorflow_drops_the_known_notices_of_creating_devices_and_prints_the_rest(capfd, monkeypatch):
+    """A stand-in TensorFlow (already imported, devices not created) writes a known notice, blank lines and an unknown line on fd 2."""
+    from heatinv import startup
+
+    calls = []
+
+    def constant(value):
+        calls.append("constant")
+        os.write(2, b"E0000 00:00:1796070540.3 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)\n\n   \n")
+        os.write(2, b"E0000 something unexpected\n")
+
+    tensorflow = types.ModuleType("tensorflow")
+    tensorflow.config = types.SimpleNamespace(list_physical_devices=lambda: calls.append("devices"))
+    tensorflow.constant = constant
+    monkeypatch.setitem(sys.modules, "tensorflow", tensorflow)
+    monkeypatch.setattr(startup, "_started", {"import": True, "devices": False})
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    descriptors = _open_descriptors()
+    startup.start_tensorflow()
+    startup.start_tensorflow()  # the devices exist: nothing again
+    assert calls == ["devices", "constant"]
+    assert capfd.readouterr().err.splitlines() == ["E0000 something unexpected"]
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"  # the user's level is kept
+    assert _open_descriptors() == descriptors
+
+
+def test_dropping_known_notices_leaves_no_descriptor_open(capfd):
+    from heatinv.startup import dropping_known_notices
+
+    descriptors = _open_descriptors()
+    with dropping_known_notices():
+        os.write(2, b"kept\n")
+    assert _open_descriptors() == descriptors
+    assert capfd.readouterr().err == "kept\n"
