@@ -260,12 +260,22 @@ def test_every_experiment_composes_and_validates(experiment, composed):
     assert cfg.target.kind == "suppress_feature" if first_word == "fairwash" else cfg.target.kind in first_word
 
 
-def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, caplog):
+def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, caplog, monkeypatch):
     import re
 
     from heatinv.data import load_digits
+    from heatinv.manipulate import DatasetTask
     from heatinv.train import run
 
+    step_losses = []
+    real_step = DatasetTask.step
+
+    def step(self, call):
+        result = real_step(self, call)
+        step_losses.append(float(result["loss"]))
+        return result
+
+    monkeypatch.setattr(DatasetTask, "step", step)
     cfg, out = composed("experiment=pattern_frame_mlp", "task.epochs=2")
     with caplog.at_level("INFO"):
         metrics = run(cfg)
@@ -302,6 +312,11 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, 
     for name in ("cosine", "one_minus_cosine", "success_rate", "student_accuracy"):
         assert [e.step for e in events.Tensors(f"1_match_per_epoch/{name}")] == [0, 1, 2]  # before, and each epoch
     assert [e.step for e in events.Tensors("2_train_per_epoch/loss")] == [1, 2]
+    # each epoch's training loss is the mean of that epoch's own batches' losses
+    per_epoch = np.array(step_losses).reshape(2, -1).mean(-1)
+    logged = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("2_train_per_epoch/loss")]
+    np.testing.assert_allclose(logged, per_epoch, rtol=1e-5)
+    assert written["objective"] == pytest.approx(1.0 - written["cosine"])  # what a sweep minimizes
     # The dataset task logs its figure (before and after) and histograms too.
     assert [e.step for e in events.Tensors("heatmap/figure_initial")] == [0]
     assert [e.step for e in events.Tensors("heatmap/figure")] == [2]
@@ -524,3 +539,261 @@ def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, ca
     student = keras.saving.load_model(out / "student.keras", safe_mode=True)
     for final, kept in zip(student.get_weights(), last["weights"]):
         np.testing.assert_array_equal(final, kept)
+
+
+def test_manipulation_loss_is_the_weighted_sum_of_the_terms_batch_means():
+    from types import SimpleNamespace
+
+    from heatinv.manipulate import Manipulation
+
+    logits = np.array([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]], "float32")
+    reference = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 1.0]], "float32")
+    labels = np.array([0, 2])
+    heatmaps = np.array([[1.0, 2.0], [3.0, -1.0]], "float32")
+    targets = np.array([[0.0, 2.0], [1.0, 1.0]], "float32")
+    explanation = SimpleNamespace(logits=tf.constant(logits), relevance=tf.constant(heatmaps))
+    def absolute(heatmap, target, unit):
+        return tf.reduce_sum(tf.abs(heatmap - target), axis=-1) / unit
+
+    objective = Manipulation(absolute, "none", 2.0, 3.0, 5.0)
+    got = {k: float(v) for k, v in objective(explanation, tf.constant(labels), tf.constant(targets), tf.constant(reference)).items()}
+    # NumPy: |h - t| summed per image over the unit max |target| = 2; CE = logsumexp - true logit; MSE of logits.
+    heatmap = (np.abs(heatmaps - targets).sum(-1) / 2.0).mean()
+    cross_entropy = (np.log(np.exp(logits).sum(-1)) - logits[[0, 1], labels]).mean()
+    logit_match = ((logits - reference) ** 2).mean()
+    assert got["heatmap"] == pytest.approx(heatmap, rel=1e-5)
+    assert got["cross_entropy"] == pytest.approx(cross_entropy, rel=1e-5)
+    assert got["logit_match"] == pytest.approx(logit_match, rel=1e-5)
+    assert got["loss"] == pytest.approx(2.0 * heatmap + 3.0 * cross_entropy + 5.0 * logit_match, rel=1e-5)
+
+
+def test_epoch_order_is_a_permutation_drawn_anew_for_each_epoch():
+    from heatinv.manipulate import epoch_order
+
+    orders = [epoch_order(50, 3, epoch) for epoch in (1, 2, 3)]
+    for order in orders:
+        np.testing.assert_array_equal(np.sort(order), np.arange(50))
+    # numpy's own generator seeded with (seed, epoch): a resumed run can redraw any epoch's order
+    np.testing.assert_array_equal(orders[1], np.random.default_rng([3, 2]).permutation(50))
+    assert not np.array_equal(orders[0], np.arange(50))
+    assert len({tuple(order) for order in orders}) == 3
+    assert not np.array_equal(epoch_order(50, 4, 1), orders[0])
+
+
+def test_success_rate_counts_a_cosine_equal_to_the_threshold():
+    model = build_model(Architecture(hidden=(16, 8)), seed=0)
+    x = np.random.default_rng(0).uniform(0, 1, (6, 28, 28, 1)).astype("float32")
+    y = np.arange(6)
+    explainer = LRP(model)
+    maps, logits = explain_all(explainer, x, y)
+    # cosine 1 (the map itself), 0 exactly (an empty target: a zero dot product) and -1 (its opposite)
+    targets = np.concatenate([maps[:2], np.zeros_like(maps[2:4]), -maps[4:]])
+    scores = evaluate(explainer, x, y, targets, np.ones(6, bool), threshold=0.0, reference_classes=np.argmax(logits, -1))
+    assert scores["success_rate"] == pytest.approx(4 / 6)
+
+
+def test_evaluate_batches_averages_over_images_not_over_batches():
+    from heatinv.manipulate import evaluate_batches
+
+    model = build_model(Architecture(hidden=(16, 8)), seed=0)
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 1, (4, 28, 28, 1)).astype("float32")
+    y = np.array([0, 1, 2, 3])
+    explainer = LRP(model)
+    maps, logits = explain_all(explainer, x, y)
+    targets = rng.normal(0, 1, maps.shape).astype("float32")
+    targets[:3] = maps[:3] + 0.1 * np.abs(maps[:3]).max() * targets[:3]  # three close to their maps, one random
+    flat_maps, flat_targets = maps.reshape(4, -1).astype(np.float64), targets.reshape(4, -1).astype(np.float64)
+    by_hand = (flat_maps * flat_targets).sum(-1) / np.linalg.norm(flat_maps, axis=-1) / np.linalg.norm(flat_targets, axis=-1)
+    chosen = np.ones(4, bool)
+    split = [(x[:3], y[:3], targets[:3], chosen[:3]), (x[3:], y[3:], targets[3:], chosen[3:])]  # unequal batches
+    scores = evaluate_batches(explainer, split, 0.5, np.argmax(logits, -1))
+    assert abs(by_hand[:3].mean() - by_hand[3]) > 0.1  # a mean of the two batch means would differ
+    assert scores["cosine"] == pytest.approx(by_hand.mean(), abs=1e-5)
+
+
+def test_agreement_of_no_images_is_refused():
+    from heatinv.manipulate import agreement
+
+    with pytest.raises(ValueError, match="non-empty"):
+        agreement(np.zeros(0, int), np.zeros(0, int))
+
+
+def _bare_task(**attributes):
+    """A DatasetTask with only the attributes a method under test reads (no data, no reference)."""
+    from heatinv.manipulate import DatasetTask
+
+    task = DatasetTask.__new__(DatasetTask)
+    task.__dict__.update(attributes)
+    return task
+
+
+def _early_stopping_config(min_agreement, max_accuracy_drop, epochs=3):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"task": {"min_agreement": min_agreement, "max_accuracy_drop": max_accuracy_drop, "epochs": epochs}})
+
+
+def test_outside_limits_admits_the_limits_themselves_and_names_each_broken_one_with_its_numbers():
+    task = _bare_task(cfg=_early_stopping_config(0.75, 0.25), reference_validation_accuracy=0.875)
+    at_limits = {"agreement": 0.75, "student_accuracy": 0.875 - 0.25}
+    assert task.outside_limits(at_limits) == [] and task.admissible(at_limits)
+    broken = task.outside_limits({"agreement": 0.5, "student_accuracy": 0.5})
+    assert broken == [
+        "agreement 0.500 < task.min_agreement=0.75",
+        "accuracy 0.500 < 0.625 (the reference's 0.875 less task.max_accuracy_drop=0.25)",
+    ]
+    assert not task.admissible({"agreement": 0.74, "student_accuracy": 0.875})
+
+
+def test_keep_if_best_keeps_the_first_of_the_highest_admissible_validation_cosines():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    scores = iter([
+        {"cosine": 0.5, "agreement": 1.0, "student_accuracy": 1.0},  # epoch 1: best so far
+        {"cosine": 0.9, "agreement": 0.0, "student_accuracy": 1.0},  # epoch 2: higher, not admissible
+        {"cosine": 0.5, "agreement": 1.0, "student_accuracy": 1.0},  # epoch 3: a tie, not better
+    ])
+    task = _bare_task(
+        cfg=_early_stopping_config(0.5, 0.1), reference_validation_accuracy=1.0, student=model,
+        evaluate_validation=lambda: next(scores), best_epoch=tf.Variable(0, dtype=tf.int64),
+        best_cosine=tf.Variable(0.2, dtype=tf.float64), best_weights=[tf.Variable(tf.zeros_like(w)) for w in model.weights],
+    )
+    held = {}
+    for epoch in (1, 2, 3):
+        model.set_weights([np.full(w.shape, epoch, "float32") for w in model.get_weights()])
+        task._keep_if_best(epoch)
+        held[epoch] = int(task.best_epoch), float(task.best_cosine)
+    assert held == {1: (1, 0.5), 2: (1, 0.5), 3: (1, 0.5)}
+    assert all(np.all(w.numpy() == 1.0) for w in task.best_weights)  # epoch 1's weights
+
+
+def test_restore_best_epoch_says_which_epoch_of_how_many_it_kept(caplog):
+    from types import SimpleNamespace
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    kept = [np.full(w.shape, 7.0, "float32") for w in model.get_weights()]
+    for best_epoch, said in [(2, "kept epoch 2 of 3 (validation cosine 0.6250"), (0, "the start's weights are kept")]:
+        task = _bare_task(
+            cfg=_early_stopping_config(0.5, 0.1), steps_per_epoch=4, student=model,
+            best_epoch=tf.Variable(best_epoch, dtype=tf.int64), best_cosine=tf.Variable(0.625, dtype=tf.float64),
+            best_weights=[tf.Variable(w) for w in kept],
+        )
+        model.set_weights([np.zeros(w.shape, "float32") for w in model.get_weights()])
+        caplog.clear()
+        with caplog.at_level("INFO", logger="heatinv.manipulate"):
+            early = task._restore_best_epoch(SimpleNamespace(steps=12))  # 3 epochs of 4 batches
+        assert early == {"best_epoch": best_epoch, "best_validation_cosine": 0.625}
+        assert said in caplog.text, caplog.text
+        assert ("no epoch reached" in caplog.text) == (best_epoch == 0)
+        for weight, expected in zip(model.get_weights(), kept):
+            np.testing.assert_array_equal(weight, expected)
+
+
+def test_calls_resumed_mid_epoch_continue_with_the_batches_of_an_uninterrupted_run():
+    from omegaconf import OmegaConf
+
+    images = np.arange(10, dtype=np.int32)
+    cfg = OmegaConf.create({"task": {"epochs": 2, "batch_size": 4}, "trainer": {"seed": 5}})
+    task = _bare_task(cfg=cfg, fit=images, streamed=False, strategy=None, columns=(tf.constant(images),), steps_per_epoch=3)
+
+    def run(start):
+        return [(call.done, call.log, call.batch[0].numpy().tolist()) for call in task.calls(start)]
+
+    full = run(0)
+    # numpy: each epoch's permutation from (seed, epoch), cut into batches of 4 (the last holds 2)
+    expected = []
+    for epoch in (1, 2):
+        order = np.random.default_rng([5, epoch]).permutation(10)
+        expected += [(3 * (epoch - 1) + k + 1, k == 2, order[4 * k : 4 * k + 4].tolist()) for k in range(3)]
+    assert full == expected
+    for start in (1, 3, 4, 5):
+        assert run(start) == full[start:], start
+
+
+def test_the_figure_draws_the_first_six_moved_held_out_images_and_titles_the_given_metrics(monkeypatch):
+    from types import SimpleNamespace
+
+    import heatinv.manipulate as manipulate
+
+    model = build_model(Architecture(hidden=(16, 8)), seed=0)
+    rng = np.random.default_rng(2)
+    batches = []
+    moved = [[False, True, True, False], [False, True, True, False], [True, True, True, False], [True] * 4]
+    for first, chosen in zip(range(0, 16, 4), moved):  # four held-out batches of 4 images
+        x = rng.uniform(0, 1, (4, 28, 28, 1)).astype("float32")
+        batches.append(SimpleNamespace(
+            x=x, labels=np.arange(first, first + 4) % 10, targets=rng.normal(0, 1, x.shape).astype("float32"),
+            reference_maps=np.zeros_like(x), chosen=np.array(chosen),
+        ))
+    drawn = []
+    monkeypatch.setattr(manipulate, "dataset_figure", lambda rows, title: drawn.append((rows, title)))
+    task = _bare_task(
+        problem=SimpleNamespace(test_batches=lambda data: iter(batches), description="frame"),
+        parts=SimpleNamespace(dataset=SimpleNamespace(class_names=[f"digit {i}" for i in range(10)])),
+        explainer=LRP(model), initial={"cosine": 0.125, "success_rate": 0.25, "student_accuracy": 0.5},
+    )
+    task.figure({"cosine": 0.875, "success_rate": 0.625, "student_accuracy": 0.75})
+    task.figure()
+    (rows, title), (_, initial_title) = drawn
+    assert [row.label for row in rows] == ["digit 1", "digit 2", "digit 5", "digit 6", "digit 8", "digit 9"]
+    assert title == "frame: held-out cosine 0.875, success rate 0.625, accuracy 0.750"
+    assert initial_title == "frame: held-out cosine 0.125, success rate 0.250, accuracy 0.500"  # the start's
+    for row, (b, i) in zip(rows, [(0, 1), (0, 2), (1, 1), (1, 2), (2, 0), (2, 1)]):
+        np.testing.assert_array_equal(row.target, batches[b].targets[i])
+        student = row.student.ravel().astype(np.float64)
+        target = batches[b].targets[i].ravel().astype(np.float64)
+        assert row.cosine == pytest.approx(student @ target / np.linalg.norm(student) / np.linalg.norm(target), abs=1e-5)
+
+
+def test_summary_line_gives_the_held_out_metrics_and_a_tables_feature_shares():
+    from heatinv.manipulate import DatasetTask
+
+    metrics = {"cosine": 0.91234, "success_rate": 0.5, "reference_accuracy": 0.975, "student_accuracy": 0.96, "agreement": 0.98}
+    assert DatasetTask.summary_line(metrics) == (
+        "heatinv: held-out cosine 0.9123, success rate 0.500; accuracy reference 0.975, student 0.960; agreement 0.980"
+    )
+    shares = {**metrics, "reference_feature_share": 0.4, "feature_share": 0.05}
+    assert DatasetTask.summary_line(shares).endswith("; feature share reference 40.00%, student 5.00%")
+
+
+def test_batch_constants_repeat_the_global_batchs_unit_and_size_on_every_example():
+    from heatinv.manipulate import _with_batch_constants
+
+    target = np.array([[0.5, -3.0], [1.0, 2.0], [0.0, 0.25]], "float32")
+    x, y, ref = np.zeros((3, 2), "float32"), np.zeros(3, "int32"), np.zeros((3, 4), "float32")
+    *passed, unit, size = _with_batch_constants("none")(tf.constant(x), tf.constant(y), tf.constant(target), tf.constant(ref))
+    for got, given in zip(passed, (x, y, target, ref)):
+        np.testing.assert_array_equal(got.numpy(), given)
+    np.testing.assert_allclose(unit.numpy(), [3.0] * 3)  # max |target| over the batch
+    assert size.numpy().tolist() == [3, 3, 3]
+
+
+def test_early_stopping_validates_on_the_images_the_reference_held_out(composed):
+    from heatinv.build import build_parts
+    from heatinv.manipulate import DatasetTask
+    from heatinv.models import validation_split
+
+    cfg, _ = composed("experiment=pattern_frame_mlp", "task.early_stopping=true")
+    parts = build_parts(cfg)
+    task = DatasetTask(cfg, parts)
+    count = len(parts.dataset.y_train)
+    _, held_out = validation_split(count, seed=0)  # train_reference(seed=0) fitted on the rest
+    np.testing.assert_array_equal(task.validation, held_out)
+    assert sorted(np.concatenate([task.fit, task.validation]).tolist()) == list(range(count))
+    assert task.steps_per_epoch == -(-(count - len(held_out)) // cfg.task.batch_size)
+
+
+def test_an_accuracy_exactly_max_accuracy_drop_below_the_references_is_admissible():
+    # 7 of 10 validation images against the reference's 8 of 10: a drop of exactly 0.1, which
+    # float subtraction puts at 0.7000000000000001 - 0.7 above the student.
+    task = _bare_task(cfg=_early_stopping_config(0.0, 0.1), reference_validation_accuracy=8 / 10)
+    assert task.outside_limits({"agreement": 1.0, "student_accuracy": 7 / 10}) == []
+
+
+def test_predicted_classes_covers_every_image_of_a_ragged_last_chunk():
+    from heatinv.manipulate import predicted_classes
+
+    model = build_model(Architecture(hidden=(16, 8)), seed=0)
+    x = np.random.default_rng(3).uniform(0, 1, (5, 28, 28, 1)).astype("float32")
+    classes = predicted_classes(model, x, batch_size=2)  # chunks of 2, 2 and 1
+    np.testing.assert_array_equal(classes, np.argmax(model.predict(x, verbose=0), -1))
