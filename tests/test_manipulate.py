@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -215,8 +216,6 @@ def test_a_swap_named_by_class_gives_held_out_images_the_training_mean_of_that_c
 
 
 def test_moved_examples_are_the_first_count_the_target_moves_across_batches():
-    from types import SimpleNamespace
-
     from heatinv.build import DatasetProblem, moved_examples
 
     n = 600
@@ -542,8 +541,6 @@ def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, ca
 
 
 def test_manipulation_loss_is_the_weighted_sum_of_the_terms_batch_means():
-    from types import SimpleNamespace
-
     from heatinv.manipulate import Manipulation
 
     logits = np.array([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]], "float32")
@@ -668,8 +665,6 @@ def test_keep_if_best_keeps_the_first_of_the_highest_admissible_validation_cosin
 
 
 def test_restore_best_epoch_says_which_epoch_of_how_many_it_kept(caplog):
-    from types import SimpleNamespace
-
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     kept = [np.full(w.shape, 7.0, "float32") for w in model.get_weights()]
     for best_epoch, said in [(2, "kept epoch 2 of 3 (validation cosine 0.6250"), (0, "the start's weights are kept")]:
@@ -711,8 +706,6 @@ def test_calls_resumed_mid_epoch_continue_with_the_batches_of_an_uninterrupted_r
 
 
 def test_the_figure_draws_the_first_six_moved_held_out_images_and_titles_the_given_metrics(monkeypatch):
-    from types import SimpleNamespace
-
     import heatinv.manipulate as manipulate
 
     model = build_model(Architecture(hidden=(16, 8)), seed=0)

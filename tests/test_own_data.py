@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import keras
 import tensorflow as tf
@@ -662,8 +663,6 @@ def test_target_label_may_name_the_class(config, tmp_path):
 
 
 def test_a_class_name_not_in_many_classes_lists_the_first_eleven_and_the_last():
-    from types import SimpleNamespace
-
     from heatinv.build import class_index
 
     many = SimpleNamespace(class_names=tuple(f"c{i}" for i in range(15)), name="many")

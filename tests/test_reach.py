@@ -7,6 +7,8 @@ beaten by other heatmaps of the same support).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import keras
 import numpy as np
 import pytest
@@ -103,8 +105,6 @@ def test_the_single_task_names_a_target_out_of_reach_with_its_bound(composed, ca
 
 @pytest.mark.parametrize("bound, warned", [(0.985, True), (0.995, False)])
 def test_the_single_task_warns_below_a_best_cosine_of_099(bound, warned, caplog):
-    from types import SimpleNamespace
-
     from heatinv.single import SingleTask
 
     image = np.array([[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]], np.float32)
