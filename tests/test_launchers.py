@@ -37,7 +37,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from conftest import SWEEP_LOSSES
-from heatinv.callbacks import SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log
+from heatinv.callbacks import SUMMARY_NAME, EnvDefaults, SweepSummary, failure_from_log, read_job, summarize
 from heatinv.job_log import DONE_MARK, FAILED_MARK, UNREAD_MARK
 from heatinv.config import register
 from heatinv.progress import ConsoleFilter
@@ -357,8 +357,6 @@ def metrics_for(cosine: float) -> dict:
 
 def test_a_job_stopped_while_extending_is_interrupted_not_its_old_results(tmp_path):
     """Extending a finished sweep and stopping it left each job "ok" with the metrics the extension would replace."""
-    from heatinv.callbacks import read_job
-
     sweep = tmp_path / "my sweeps" / "12-00-00_loss=l1,mse"  # a space, and Hydra's override syntax
     job = make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))  # metrics of step 3
     (sweep / "0" / "checkpoints").mkdir()
@@ -476,6 +474,175 @@ def test_a_failure_that_a_later_attempt_finished_is_not_the_jobs(tmp_path):
     assert failure_from_log(str(log_path)) is None
     log_path.write_text(done + failed)
     assert failure_from_log(str(log_path)) == "ResumeError: no checkpoint"
+
+
+def test_a_failure_reads_back_from_the_literal_lines_of_a_job_log(tmp_path):
+    """The lines as a job's train.log holds them (not built from heatinv's constants): old logs of a resumed sweep too."""
+    log_path = tmp_path / "train.log"
+    log_path.write_text(
+        "[2026-01-01 00:00:00,000][heatinv.callbacks][ERROR] - heatinv job failed: ValueError: shapes differ:\n"
+        "[1, 2] is not [1, 3]\n"
+        "\n"
+        "[2026-01-01 00:00:01,000][hydra.core.utils][INFO] - a later record of the same run\n"
+    )
+    assert failure_from_log(str(log_path)) == "ValueError: shapes differ:\n[1, 2] is not [1, 3]"
+    with open(log_path, "a") as f:
+        f.write("[2026-01-01 00:02:00,000][heatinv.train][INFO] - heatinv: results in /sweep/0 (kept)\n")
+    assert failure_from_log(str(log_path)) is None
+
+
+def test_jobs_are_listed_by_number_past_nine(tmp_path):
+    sweep = tmp_path / "sweep"
+    for num in range(11):
+        make_job(sweep, num, [f"trainer.seed={num}"], job_config("l1"))
+    summary = summarize(str(sweep))
+    assert [job["num"] for job in summary["jobs"]] == list(range(11))
+    assert [job["dir"] for job in summary["jobs"]] == [str(num) for num in range(11)]
+
+
+def test_a_job_with_its_own_name_is_read_from_its_own_log(tmp_path):
+    """`hydra.job.name=fit` writes fit.log, not train.log."""
+    sweep = tmp_path / "sweep"
+    job = make_job(sweep, 0, ["loss=l1"], job_config("l1"))
+    (sweep / "0" / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": 0, "name": "fit"}}}))
+    (sweep / "0" / "fit.log").write_text(
+        "[2026-01-01 00:00:00,000][heatinv.callbacks][ERROR] - heatinv job failed: ResumeError: no checkpoint\n")
+    read = read_job(job, str(sweep))
+    assert read["status"] == "failed" and read["error"] == "ResumeError: no checkpoint"
+
+
+def test_unread_keys_are_the_warned_ones_and_read_by_no_job_only_if_every_job_warned(tmp_path):
+    """Every finished job logs `heatinv: results in <dir>`, and a Hydra sweep folder's name holds `=`."""
+    sweep = tmp_path / "12-00-00_loss=l1,mse"
+    for num, warns in ((0, True), (1, False)):
+        log = ("[2026-01-01 00:00:00,000][heatinv.config][WARNING] - heatinv: target.pattern=frame is read only with "
+               "target=pattern, and this run has target.kind='class'; this job runs without it.\n" if warns else "")
+        log += f"[2026-01-01 00:01:00,000][heatinv.train][INFO] - heatinv: results in {sweep}/{num} (kept)\n"
+        make_job(sweep, num, ["target.pattern=frame", f"trainer.seed={num}"], job_config("mse"), metrics_for(0.9), log=log)
+    summary = summarize(str(sweep))
+    assert [job["unread"] for job in summary["jobs"]] == [["target.pattern"], []]
+    assert summary["read_by_no_job"] == []
+
+
+def test_a_job_that_checkpointed_its_last_step_finished_and_one_past_it_did_not(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for num, saved in ((0, (1, 3)), (1, (3, 6))):
+        make_job(sweep, num, [f"trainer.seed={num}"], job_config("l1"), metrics_for(0.9))  # metrics of step 3
+        (sweep / str(num) / "checkpoints").mkdir()
+        for step in saved:
+            (sweep / str(num) / "checkpoints" / f"ckpt-{step}.index").write_bytes(b"")
+    callback, config = SweepSummary(), OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+    summary = read_summary(str(sweep))
+    assert [job["status"] for job in summary["jobs"]] == ["ok", "interrupted"]
+    assert summary["jobs"][0]["metrics"]["cosine"] == 0.9 and summary["jobs"][0]["error"] is None
+    assert summary["jobs"][1]["error"].startswith("stopped after step 6 (checkpoint ckpt-6)")
+    assert summary["ok"] == 1 and summary["failed"] == [1]  # `failed`: every job that did not finish
+    assert "traceback" not in capsys.readouterr().out  # no job failed
+
+
+def test_the_summary_line_names_each_unfinished_job_and_a_logdir_a_shell_reads_back(tmp_path, capsys):
+    sweep = tmp_path / "my sweeps" / "12-00-00_loss=l1,mse"
+    make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))
+    make_job(sweep, 1, ["loss=mse"], job_config("mse"))
+    (sweep / "1" / "checkpoints").mkdir()
+    (sweep / "1" / "checkpoints" / "ckpt-6.index").write_bytes(b"")
+    make_job(sweep, 2, ["loss=huber"], job_config("huber"),
+             log="[2026-01-01 00:00:00,000][heatinv.callbacks][ERROR] - heatinv job failed: ValueError: bad index\n")
+    callback, config = SweepSummary(), OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+    line, logdir = capsys.readouterr().out.splitlines()[-2:]
+    assert line.startswith(f"heatinv: sweep summary {sweep / SUMMARY_NAME}: 3 jobs, interrupted: #1 (stopped after step 6")
+    assert ", failed: #2 (ValueError: bad index). A failed job's traceback is in its train.log" in line
+    assert shlex.split(logdir.split("tensorboard --logdir ", 1)[1]) == [str(sweep)]
+
+
+def test_a_metric_a_job_could_not_compute_stays_in_the_summary_as_null(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_job(sweep, 0, ["loss=l1"], job_config("l1"))
+    (sweep / "0" / "metrics.json").write_text('{"objective": 0.1, "cosine": 0.9, "ssim": null, "steps": 3}')
+    assert summarize(str(sweep))["jobs"][0]["metrics"] == {"objective": 0.1, "cosine": 0.9, "ssim": None, "steps": 3}
+
+
+def test_a_cut_short_metrics_json_is_a_failed_job_not_a_missing_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))
+    make_job(sweep, 1, ["loss=mse"], job_config("mse"))
+    (sweep / "1" / "metrics.json").write_text('{"objective": 0.1, "cos')
+    callback, config = SweepSummary(), OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+    summary = read_summary(str(sweep))
+    assert [job["status"] for job in summary["jobs"]] == ["ok", "failed"] and summary["best"]["num"] == 0
+
+
+def test_a_sweep_stopped_by_a_failed_job_is_summed_up_at_exit_as_unfinished(tmp_path, monkeypatch):
+    """The Optuna sweeper opens its storage in the sweep folder before any job made it."""
+    at_exit = []
+    monkeypatch.setattr("heatinv.callbacks.atexit.register", at_exit.append)
+    sweep = tmp_path / "sweep"
+    SweepSummary().on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    assert sweep.is_dir()
+    make_job(sweep, 0, ["loss=l1"], job_config("l1"), metrics_for(0.9))
+    (at_exit_write,) = at_exit
+    at_exit_write()
+    summary = read_summary(str(sweep))
+    assert summary["finished"] is False and summary["ok"] == 1
+
+
+def test_a_sweep_without_jobs_removes_only_the_folder_its_command_made(tmp_path):
+    refused, kept = tmp_path / "refused", tmp_path / "kept"
+    for sweep in (refused, kept):
+        sweep.mkdir()
+        (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    (kept / "optuna.db").write_bytes(b"SQLite format 3\x00")
+    for sweep in (refused, kept):
+        callback, config = SweepSummary(), OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+        callback.on_multirun_start(config)
+        callback.on_multirun_end(config)
+    assert not refused.exists()
+    assert sorted(os.listdir(kept)) == ["multirun.yaml", "optuna.db"]
+
+
+def test_hparams_domains_span_each_columns_values_from_the_jobs_with_a_run(tmp_path):
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    sweep = tmp_path / "sweep"
+    for num, (loss, delta, steps, center) in enumerate((("mse", 0.3, 300, True), ("l1", 0.1, 100, False))):
+        config = {**job_config(loss), "trainer": {"steps": steps, "center": center}}
+        config["loss"] = {**config["loss"], "delta": delta, **({"margin": 0.5} if num else {})}
+        make_job(sweep, num, [f"loss={loss}", f"trainer.steps={steps}"], config, metrics_for(0.9))
+    make_job(sweep, 2, ["loss=huber"], job_config("huber"))  # no run: not a row, no column of its own
+    callback, config = SweepSummary(metrics=["cosine"]), OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    callback.on_multirun_start(config)
+    callback.on_multirun_end(config)
+    assert not (sweep / "2" / "tensorboard").exists()
+    accumulator = EventAccumulator(str(sweep / "0" / "tensorboard"), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG]
+    experiment = metadata.parse_experiment_plugin_data(content)
+    infos = {info.name: info for info in experiment.hparam_infos}
+    assert [v.string_value for v in infos["loss.name"].domain_discrete.values] == ["l1", "mse"]
+    assert [v.bool_value for v in infos["trainer.center"].domain_discrete.values] == [False, True]
+    bounds = {name: (infos[name].domain_interval.min_value, infos[name].domain_interval.max_value)
+              for name in ("loss.delta", "trainer.steps", "loss.margin")}
+    assert bounds == {"loss.delta": (0.1, 0.3), "trainer.steps": (100, 300), "loss.margin": (0.5, 0.5)}
+    assert [m.name.tag for m in experiment.metric_infos] == ["final/cosine"]
+
+
+def test_an_overrides_keys_are_columns_with_plus_or_package_but_not_keys_it_only_prefixes(tmp_path):
+    from heatinv.callbacks import swept_hparams
+
+    sweep = tmp_path / "sweep"
+    jobs = [["loss=l1", "++lrp.gamma=0.25", "model@model=mlp"], ["loss=mse", "++lrp.gamma=0.25", "model@model=mlp"]]
+    dirs = [make_job(sweep, num, overrides, {**job_config(overrides[0][5:]), "loss_scale": {"factor": 2}})
+            for num, overrides in enumerate(jobs)]
+    columns = swept_hparams(dirs, jobs)
+    assert columns["lrp.gamma"] == [0.25, 0.25] and "model.hidden" in columns
+    assert "loss_scale.factor" not in columns
 
 
 @pytest.mark.slow

@@ -8,6 +8,9 @@ numbers in eager, ``tf.function`` and XLA.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import keras
@@ -597,3 +600,20 @@ def test_single_channel_transpose_takes_the_form_for_tensorflows_kernels(onednn,
     monkeypatch.setattr(one_channel, "transpose_by_taps", lambda *args: called.append("taps"))
     one_channel.single_channel_transpose(tf.zeros([1, 4, 4, 2]), tf.zeros([3, 3, 1, 2]), "SAME")
     assert called == [form]
+
+
+def test_onednn_enabled_says_off_when_the_environment_turns_oneDNN_off():
+    """The variable is read once, when TensorFlow loads: only a fresh process sees it."""
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    said = subprocess.run([sys.executable, "-c", "from heatinv.onednn import onednn_enabled; print(onednn_enabled())"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert said.stdout.strip() == "False", said.stderr[-2000:]
+
+
+def test_onednn_enabled_cannot_tell_on_a_tensorflow_without_the_flag(monkeypatch):
+    from tensorflow.python.util import _pywrap_util_port
+
+    from heatinv.onednn import onednn_enabled
+
+    monkeypatch.delattr(_pywrap_util_port, "IsMklEnabled")
+    assert onednn_enabled() is None

@@ -19,6 +19,7 @@ import tensorflow as tf
 from heatinv import models
 from heatinv.data import Dataset
 from heatinv.explanation_cache import model_fingerprint
+from heatinv.layers import SoftplusBeta
 from heatinv.models import (
     PATIENCE,
     Architecture,
@@ -169,6 +170,34 @@ def test_softplus_mlp_puts_softplus_of_its_beta_after_each_linear_hidden_layer()
         post = keras.Model(model.inputs[0], model.get_layer(f"softplus_{i}").output)(x).numpy()
         # log(1 + exp(3 z)) / 3; with beta=1 it would differ by up to log(2) - log(2)/3 near 0.
         np.testing.assert_allclose(post, np.logaddexp(0.0, 3.0 * pre) / 3.0, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, -1.0, float("nan")])
+def test_softplus_beta_refuses_a_beta_not_above_zero(beta):
+    with pytest.raises(ValueError, match=r"SoftplusBeta needs beta > 0"):
+        SoftplusBeta(beta=beta)
+
+
+def test_softplus_beta_is_softplus_of_beta_x_over_beta_in_float64_and_relu_as_beta_grows():
+    x = np.array([-50.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 50.0])
+    got = SoftplusBeta(beta=3.0, dtype="float64")(tf.constant(x)).numpy()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, np.logaddexp(0.0, 3.0 * x) / 3.0, rtol=1e-12, atol=0)
+    default = SoftplusBeta(dtype="float64")(tf.constant(x)).numpy()
+    np.testing.assert_allclose(default, np.logaddexp(0.0, 10.0 * x) / 10.0, rtol=1e-12)
+    # 0 <= softplus(b x)/b - relu(x) <= log(2)/b; exp(b x) alone overflows float32 here.
+    sharp = SoftplusBeta(beta=1e4)(tf.constant(x, tf.float32)).numpy()
+    gap = sharp.astype(np.float64) - np.maximum(x, 0.0)
+    assert np.isfinite(sharp).all() and np.all(gap >= -1e-5) and np.all(gap <= np.log(2.0) / 1e4 + 1e-5)
+
+
+def test_a_saved_softplus_model_loads_with_its_beta(tmp_path):
+    model = build_model(Architecture("mlp", hidden=(5,), activation="softplus", beta=3.0), seed=0)
+    model.save(tmp_path / "model.keras")
+    loaded = load_model_file(str(tmp_path / "model.keras"))
+    assert [layer.beta for layer in loaded.layers if isinstance(layer, SoftplusBeta)] == [3.0]
+    x = np.random.default_rng(0).uniform(size=(2, 28, 28, 1)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(), rtol=1e-6)
 
 
 def test_with_input_shape_keeps_a_model_already_built_for_the_shape_and_rebuilds_one_that_is_not():

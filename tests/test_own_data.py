@@ -199,6 +199,18 @@ def test_channel_sum_is_the_per_channel_heatmap_summed(shapes_npz):
     np.testing.assert_allclose(summed.relevance.numpy()[..., 0], per_channel.relevance.numpy().sum(axis=-1), rtol=1e-5, atol=1e-7)
 
 
+def test_channel_sum_keeps_the_explained_score_and_the_models_outputs(shapes_npz):
+    ds = data.load_npz(shapes_npz)
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(), keras.layers.Dense(3)])
+    for layer in (model.layers[0], model.layers[2]):  # biases take relevance: the heatmap's sum is then not the score
+        layer.bias.assign(np.random.default_rng(1).uniform(0.5, 1.0, layer.bias.shape).astype(np.float32))
+    x, labels = ds.x_test[:4], ds.y_test[:4]
+    summed = ChannelSumLRP(model, "epsilon").explain(x, labels)
+    logits = model(x).numpy()
+    np.testing.assert_allclose(summed.logits.numpy(), logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(summed.start.numpy(), logits[np.arange(4), labels], rtol=1e-5, atol=1e-6)
+
+
 def test_file_target_per_channel_is_summed(shapes_npz, tmp_path):
     ds = data.load_npz(shapes_npz)
     per_channel = np.random.default_rng(0).random((32, 32, 3)).astype(np.float32)
