@@ -188,16 +188,16 @@ def _engine_error(x, target) -> tuple[type, str] | None:
     t = np.asarray(target)
     if t.dtype.kind in "iu":
         if t.ndim == 2 and t.shape[1] == CLASSES:  # a one-hot
-            return None if t.shape[0] == batch else (ValueError, "entries for a batch of")
+            return None if t.shape[0] == batch else (ValueError, "for a batch of")
         if t.ndim == 2 and t.shape[1] == 1:  # a column of labels
             t = t[:, 0]
         if t.ndim > 1:
             return ValueError, r"An integer target is a class index: a scalar, a \[batch\] vector"
         if t.ndim == 1 and t.shape[0] != batch:
-            return ValueError, "entries for a batch of"
+            return ValueError, "for a batch of"
         return (ValueError, "out of range") if t.size and (t.min() < 0 or t.max() >= CLASSES) else None
     if t.dtype.kind in "fb" and t.ndim == 2 and t.shape[1] == CLASSES:
-        return None if t.shape[0] == batch else (ValueError, "entries for a batch of")
+        return None if t.shape[0] == batch else (ValueError, "for a batch of")
     return ValueError, "A non-integer target must be a one-hot"
 
 

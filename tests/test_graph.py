@@ -331,6 +331,28 @@ def test_nested_functional_model_equals_the_flat_model(rng):
     np.testing.assert_array_equal(relevance(nested, x, 1).numpy(), relevance(flat, x, 1).numpy())
 
 
+@pytest.mark.parametrize("inner_kind", ["functional", "sequential"])
+def test_a_nested_model_after_a_layer_reads_that_layers_output(inner_kind, rng):
+    """The flat chain of the same weights, by the NumPy reference: the inner model's first layer reads the outer Dense."""
+    with floatx("float64"):
+        keras.utils.set_random_seed(6)
+        if inner_kind == "functional":
+            inner_input = keras.Input((8,))
+            inner = keras.Model(inner_input, L.Dense(4, activation="relu")(L.Dense(5, activation="relu")(inner_input)))
+        else:
+            inner = keras.Sequential([keras.Input((8,)), L.Dense(5, activation="relu"), L.Dense(4, activation="relu")])
+        outer_input = keras.Input((6,))
+        nested = keras.Model(outer_input, L.Dense(3)(inner(L.Dense(8, activation="relu")(outer_input))))
+        flat = keras.Sequential([keras.Input((6,)), L.Dense(8, activation="relu"), L.Dense(5, activation="relu"),
+                                 L.Dense(4, activation="relu"), L.Dense(3)])
+    flat.set_weights([w + rng.normal(0, 0.1, w.shape) for w in nested.get_weights()])  # non-zero biases
+    nested.set_weights(flat.get_weights())
+    x = rng.uniform(size=(3, 6))
+    for composite in ("epsilon", "epsilon_gamma_box"):
+        np.testing.assert_allclose(relevance(nested, x, [0, 1, 2], composite).numpy(),
+                                   numpy_graph.relevance(flat, x, [0, 1, 2], composite), rtol=1e-9, atol=1e-12)
+
+
 def test_squeeze_excite_sigmoid_is_a_gate_and_gets_no_relevance():
     merge = next(step for step in canonize(graph("squeeze_excite")) if isinstance(step, Merge))
     assert merge.gates == (False, True)
@@ -512,6 +534,59 @@ def test_two_inputs_are_refused():
     model = keras.Model([a, b], L.Dense(2)(L.Add()([a, b])))
     with pytest.raises(UnsupportedLayerError, match="2 inputs and 1 output;"):
         LRP(model)
+
+
+def test_two_outputs_are_refused_with_the_fix():
+    inputs = keras.Input((3,))
+    h = L.Dense(4)(inputs)
+    model = keras.Model(inputs, [L.Dense(2)(h), L.Dense(3)(h)])
+    with pytest.raises(UnsupportedLayerError, match=r"1 input and 2 outputs;.*keras.Model\(model.inputs, model.outputs\[k\]\)"):
+        LRP(model)
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__(name="mine")
+        self.head = L.Dense(3)
+
+    def call(self, x):
+        return self.head(x)
+
+
+def test_a_subclassed_model_is_refused_with_the_fix():
+    model = _Subclassed()
+    model(np.ones((1, 6), "float32"))
+    with pytest.raises(UnsupportedLayerError, match=r"Model 'mine' is a subclassed keras.Model.*keras.Sequential or with the functional API"):
+        relevance(model, np.ones((1, 6), "float32"), 0)
+
+
+def test_a_model_not_built_is_refused_with_the_fix():
+    model = keras.Sequential([L.Dense(3)], name="unbuilt")
+    with pytest.raises(ValueError, match=r"Model 'unbuilt' is not built; call it on a batch or give it an Input"):
+        relevance(model, np.ones((1, 6), "float32"), 0)
+
+
+def test_a_layer_instead_of_a_model_is_refused():
+    with pytest.raises(TypeError, match="Expected a Keras model, got Dense"):
+        relevance(L.Dense(3), np.ones((1, 6), "float32"), 0)
+
+
+def test_an_op_with_two_outputs_is_refused():
+    inputs = keras.Input((6,))
+    left, right = keras.ops.split(L.Dense(4)(inputs), 2, axis=-1)
+    model = keras.Model(inputs, L.Dense(2)(L.Add()([left, right])))
+    with pytest.raises(UnsupportedLayerError, match=r"has 2 outputs; heatinv explains layers and ops with one output"):
+        relevance(model, np.ones((1, 6), "float32"), 0)
+
+
+def test_a_nested_model_of_two_inputs_is_refused():
+    a, b = keras.Input((4,)), keras.Input((4,))
+    pair = keras.Model([a, b], L.Add()([a, b]), name="pair")
+    inputs = keras.Input((6,))
+    h = L.Dense(4)(inputs)
+    model = keras.Model(inputs, L.Dense(2)(pair([h, h])))
+    with pytest.raises(UnsupportedLayerError, match="Nested model 'pair' takes 2 inputs; heatinv needs one"):
+        relevance(model, np.ones((1, 6), "float32"), 0)
 
 
 def test_doctor_reads_the_graph_and_finds_dead_units_in_a_branch(rng):

@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import numpy_lrp
 from conftest import MODELS, conv_model, dense_model, inputs_for
 from heatinv.lrp import COMPOSITES, LRP, NonFiniteHeatmapWarning, UnsupportedLayerError, relevance
 from heatinv.lrp.canonical import canonize
 from heatinv.lrp.one_channel import transpose_by_depthwise, transpose_by_taps
 from heatinv.lrp.propagate import forward
+from heatinv.models import with_dtype
 
 
 def _heatmap_loss(lrp: LRP, x, target_map, target):
@@ -266,6 +268,38 @@ def test_an_eager_heatmap_of_a_model_with_nan_outputs_warns_that_the_outputs_are
         LRP(model, "epsilon")(np.ones((1,) + tuple(model.inputs[0].shape[1:]), "float32"), 0)
 
 
+def _amplifying_positions() -> keras.Model:
+    """The amplifying chain as 1x1 Conv1D layers on two positions, so each position is a chain of its own."""
+    model = keras.Sequential(
+        [keras.Input((2, 1))]
+        + [keras.layers.Conv1D(1, 1, activation="relu") for _ in range(16)]
+        + [keras.layers.Flatten(), keras.layers.Dense(2)]
+    )
+    for k, layer in enumerate(model.layers[:16]):
+        layer.set_weights([np.array([[[1.0 if k == 0 else 1024.0]]]), np.array([-(1 - 2.0**-10)])])
+    model.layers[-1].set_weights([np.array([[1.0, 2.0], [1.0, 2.0]]), np.zeros(2)])
+    return model
+
+
+def test_an_example_with_some_non_finite_entries_is_counted():
+    x = np.array([[[1.0], [0.0]], [[0.0], [0.0]]], "float32")  # only the first example's first position overflows
+    with pytest.warns(NonFiniteHeatmapWarning, match=r"The heatmap of 1 of 2 examples has NaN or Inf"):
+        heatmap = LRP(_amplifying_positions(), "zero")(x, 1).numpy()
+    assert not np.isfinite(heatmap[0, 0, 0]) and heatmap[0, 1, 0] == 0.0 and (heatmap[1] == 0.0).all()
+
+
+def test_a_non_finite_warning_from_explain_points_at_the_callers_line():
+    with pytest.warns(NonFiniteHeatmapWarning) as record:
+        LRP(_amplifying_positions(), "zero").explain(np.ones((1, 2, 1), "float32"), 1)
+    assert record[0].filename == __file__
+
+
+def test_a_non_finite_warning_from_relevance_points_at_the_callers_line():
+    with pytest.warns(NonFiniteHeatmapWarning) as record:
+        relevance(_amplifying_positions(), np.ones((1, 2, 1), "float32"), 1, "zero")
+    assert record[0].filename == __file__
+
+
 def test_a_traced_heatmap_is_not_checked():
     x = np.ones((2, 1), "float32")
     lrp = LRP(_amplifying_chain("float32"), "zero")
@@ -472,6 +506,37 @@ def test_an_integer_one_hot_and_a_column_of_labels_are_targets(target, rng):
     np.testing.assert_array_equal(relevance(model, x, target), relevance(model, x, 1))
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int32", "float32", "float64"])
+def test_a_one_hot_of_any_dtype_selects_its_classes_for_a_float64_model(dtype, rng):
+    model = dense_model("float64")
+    x = inputs_for(model, rng)[:2]
+    chosen = np.array([[1, 0, 1], [0, 1, 0]])  # two classes: their sum is explained
+    got = relevance(model, x, chosen.astype(dtype), "epsilon").numpy()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, numpy_lrp.relevance(model, x, chosen.astype("float64"), "epsilon"), rtol=1e-9, atol=1e-12)
+
+
+def test_a_column_of_labels_for_a_model_of_one_output_unit_selects_that_unit(rng):
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((6,), dtype="float64"), keras.layers.Dense(4, activation="relu", dtype="float64"),
+                              keras.layers.Dense(1, dtype="float64")])
+    x = rng.uniform(size=(2, 6))
+    got = relevance(model, x, np.array([[0], [0]]), "epsilon").numpy()
+    np.testing.assert_allclose(got, numpy_lrp.relevance(model, x, 0, "epsilon"), rtol=1e-9, atol=1e-12)
+    assert np.abs(got).max() > 0
+
+
+def test_a_one_hot_of_another_batch_size_is_refused():
+    with pytest.raises(ValueError, match=r"The target has 1 entry for a batch of 2 inputs; give one per input"):
+        relevance(dense_model(), np.ones((2, 6), "float32"), np.eye(3, dtype="float32")[[1]])
+
+
+def test_an_error_names_ten_wrong_class_indices_and_marks_the_rest():
+    target = np.arange(3, 14)  # 11 indices out of range for 3 classes
+    with pytest.raises(ValueError, match=r"names class 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, \.\.\., out of range"):
+        relevance(dense_model(), np.ones((11, 6), "float32"), target)
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
 def test_class_indices_of_every_integer_dtype_are_targets(dtype, rng):
     model = dense_model()  # tf.one_hot takes four of these dtypes: the others raised TensorFlow's error
@@ -536,6 +601,53 @@ def test_bad_inputs_get_clear_errors():
         relevance(model, np.ones((1, 6), "float32"), 0, composite="nope")
     with pytest.raises(ValueError, match="alpha - beta = 1"):
         relevance(model, np.ones((1, 6), "float32"), 0, composite={"dense": {"name": "alpha_beta", "alpha": 2, "beta": 2}, "conv": "zero"})
+
+
+def test_an_unknown_output_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"output must be one of .*'logit'.*'activation'.*got 'softmax'"):
+        LRP(dense_model(), "epsilon", output="softmax")
+
+
+def test_a_colour_image_without_its_channel_axis_is_told_to_reshape():
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(3)])
+    with pytest.raises(ValueError, match=r"Reshape it to \(batch, 8, 8, 3\)\.$"):
+        relevance(model, np.ones((2, 8, 8), "float32"), 0)
+
+
+@pytest.mark.parametrize(
+    ("rule", "parameters", "spelled_out"),
+    [
+        ("epsilon", {"epsilon": 0.5}, {"name": "epsilon", "epsilon": 0.5}),
+        ("gamma", {"gamma": 0.7}, {"name": "gamma", "gamma": 0.7}),
+        ("alpha_beta", {"alpha": 3.0, "beta": 2.0}, {"name": "alpha_beta", "alpha": 3.0, "beta": 2.0}),
+    ],
+)
+def test_relevance_hands_each_rule_parameter_to_its_rule(rule, parameters, spelled_out, rng):
+    model = dense_model("float64")
+    x = inputs_for(model, rng)
+    got = relevance(model, x, 1, {"dense": rule, "conv": rule}, **parameters).numpy()
+    np.testing.assert_allclose(got, numpy_lrp.relevance(model, x, 1, {"dense": spelled_out, "conv": spelled_out}),
+                               rtol=1e-9, atol=1e-12)
+    assert not np.allclose(got, relevance(model, x, 1, {"dense": rule, "conv": rule}).numpy(), rtol=1e-3)  # the default differs
+
+
+def test_relevance_hands_the_input_range_to_the_first_layers_zbox(rng):
+    model = dense_model("float64")
+    x = inputs_for(model, rng) * 3.0 - 1.0  # in [-1, 2], outside the default range
+    composite = {"first": "zbox", "dense": "epsilon", "conv": "epsilon"}
+    np.testing.assert_allclose(relevance(model, x, 2, composite, low=-1.0, high=2.0).numpy(),
+                               numpy_lrp.relevance(model, x, 2, composite, low=-1.0, high=2.0), rtol=1e-9, atol=1e-12)
+
+
+def test_an_explainer_moved_to_another_model_leaves_the_original_on_its_own(rng):
+    model, other = dense_model("float32", seed=0), with_dtype(dense_model("float32", seed=1), "float64")
+    lrp = LRP(model, "epsilon")
+    moved = lrp.on(other)
+    x = inputs_for(model, rng).astype("float64")
+    r64, r32 = moved(x, 1).numpy(), lrp(x.astype("float32"), 1).numpy()
+    assert (r64.dtype, r32.dtype) == (np.float64, np.float32)
+    np.testing.assert_allclose(r64, numpy_lrp.relevance(other, x, 1, "epsilon"), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(r32, numpy_lrp.relevance(model, x, 1, "epsilon"), rtol=1e-4, atol=1e-6)
 
 
 def test_nested_sequential_is_expanded(rng):

@@ -16,6 +16,8 @@ eagerly, inside ``tf.function`` and with ``jit_compile=True``.
 from __future__ import annotations
 
 import copy
+import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,8 +175,21 @@ def _warn_if_not_finite(relevance: tf.Tensor, logits: tf.Tensor) -> None:
     warnings.warn(
         f"The heatmap of {bad} of {relevance.shape[0]} examples has NaN or Inf entries: {cause}.",
         NonFiniteHeatmapWarning,
-        stacklevel=3,
+        stacklevel=_first_level_outside_the_engine(),
     )
+
+
+def _first_level_outside_the_engine() -> int:
+    """``warnings.warn``'s stacklevel of the first caller outside ``heatinv/lrp/``, from its caller's frame.
+
+    The entry points (``relevance``, ``LRP.__call__``, ``LRP.explain``) sit at different depths
+    above the check, and the warning is about the line that called one of them.
+    """
+    engine = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == engine:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def relevance(
@@ -347,4 +362,4 @@ def _in_range(indices: tf.Tensor, classes: int, logits: tf.Tensor) -> tf.Tensor:
 
 def _check_batch(given, expected) -> None:
     if given is not None and expected is not None and given != expected:
-        raise ValueError(f"The target has {given} entries for a batch of {expected} inputs; give one per input.")
+        raise ValueError(f"The target has {count(given, 'entry', 'entries')} for a batch of {count(expected, 'input')}; give one per input.")
