@@ -566,7 +566,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
     args.all_variants = args.variants is None
     args.variants = args.variants or VARIANTS
-    args.repeats = args.repeats or (3 if quick else 5)
+    args.repeats = args.repeats if args.repeats is not None else (3 if quick else 5)
     args.min_time = args.min_time if args.min_time is not None else (0.02 if quick else 0.1)
     if any(b < 1 for b in args.batches) or args.repeats < 1 or args.steps_per_execution < 1 or args.min_time < 0:
         parser.error("batches, repeats and --steps-per-execution must be positive, --min-time non-negative")
