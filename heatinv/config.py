@@ -312,6 +312,11 @@ READ_ONLY_WHEN = (
 not read is refused (a sweep's jobs only warn: a sweep crosses keys with choices)."""
 
 
+def _names_a_class(value) -> bool:
+    """An int (an index) or a str (a name); YAML's true/false are ints to Python, and no class."""
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
 def validate(cfg) -> None:
     """Check ranges and choices that types alone cannot express; raise :class:`ConfigError`.
 
@@ -365,7 +370,7 @@ def validate(cfg) -> None:
             "the run in hydra.run.dir, overwrite starts it over. Keep one of them."
         )
     label = cfg.target.label
-    if isinstance(label, bool) or not isinstance(label, (int, str)) or (isinstance(label, int) and label < 0):
+    if not _names_a_class(label) or (isinstance(label, int) and label < 0):
         raise ConfigError(
             f"Config value target.label={label!r} must be a class index >= 0 or a class's name as the data's log lists "
             "them (a csv's label, a folder's subfolder), e.g. target.label=0."
@@ -392,7 +397,7 @@ def validate(cfg) -> None:
             "Config value task.classes=[] selects no class, so no heatmap would move. Name the classes whose heatmaps "
             "move (e.g. task.classes=[1]), or leave it null for all of them (task.classes=null)."
         )
-    wrong = [c for c in cfg.task.classes or () if isinstance(c, bool) or not isinstance(c, (int, str))]
+    wrong = [c for c in cfg.task.classes or () if not _names_a_class(c)]
     if wrong:
         raise ConfigError(
             f"Config value task.classes={as_command_line(cfg.task.classes)} holds {as_command_line(wrong[0])}, which is "
@@ -413,7 +418,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"target={cfg.target.kind} needs target.feature=<a feature name of the table>.")
     if cfg.target.kind == "swap_features" and not isinstance(cfg.target.like, str):
         raise ConfigError(f"target=swap_features needs target.like=<the feature name that receives the relevance>, got {cfg.target.like!r}.")
-    if cfg.target.kind == "swap" and (isinstance(cfg.target.like, bool) or not isinstance(cfg.target.like, (int, str))):
+    if cfg.target.kind == "swap" and not _names_a_class(cfg.target.like):
         raise ConfigError(f"target=swap needs target.like=<a class index or name>, got {cfg.target.like!r}.")
     if cfg.target.kind == "swap_features" and cfg.target.like == cfg.target.feature:
         raise ConfigError(
