@@ -1,4 +1,4 @@
-"""Layers heatinv adds to Keras: a ReLU smoothed by a softplus with a sharpness ``beta``."""
+"""Layers heatinv adds to Keras: a ReLU smoothed by a softplus with a sharpness ``beta``, a learned position embedding."""
 
 from __future__ import annotations
 
@@ -32,3 +32,41 @@ class SoftplusBeta(keras.layers.Layer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "beta": self.beta}
+
+
+@keras.saving.register_keras_serializable(package="heatinv")
+class PositionEmbedding(keras.layers.Layer):
+    """A learned vector per position added to a sequence: ``y[:, t] = x[:, t] + P[t]``.
+
+    Keras has no such layer; a transformer's learned position embedding (BERT, ViT) is one.
+    LRP treats ``P`` as a bias: it absorbs its share of the relevance, and a token's relevance
+    is that of its own embedding (:class:`heatinv.lrp.canonical.Shift`).
+
+    Input and output: ``[batch, tokens, dim]``, ``tokens`` at most ``length``.
+
+    Example:
+    >>> layer = PositionEmbedding(length=4)
+    >>> layer(tf.zeros([2, 3, 5])).shape
+    TensorShape([2, 3, 5])
+    """
+
+    def __init__(self, length: int, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if not (isinstance(length, int) and length > 0):
+            raise ValueError(f"PositionEmbedding needs a positive int length (the longest sequence), got {length!r}.")
+        self.length = length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True  # a padding mask from the Embedding before it passes on
+
+    def build(self, input_shape):
+        tokens, dim = input_shape[-2], input_shape[-1]
+        if tokens is not None and tokens > self.length:
+            raise ValueError(f"PositionEmbedding {self.name!r} has {self.length} positions; its input has {tokens} tokens.")
+        self.embeddings = self.add_weight(shape=(self.length, dim), initializer=self.initializer, name="embeddings")
+
+    def call(self, x):
+        tokens = tf.shape(x)[-2]
+        return x + tf.cast(self.embeddings[:tokens], x.dtype)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "length": self.length, "initializer": keras.initializers.serialize(self.initializer)}

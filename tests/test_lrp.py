@@ -578,9 +578,9 @@ def test_a_target_passed_to_a_tf_function_is_checked_when_it_runs():
 
 def test_unsupported_layer_names_layer_class_and_supported_list():
     model = keras.Sequential(
-        [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="norm_me"), keras.layers.Dense(2)]
+        [keras.Input((6,)), keras.layers.Dense(4), keras.layers.UnitNormalization(name="norm_me"), keras.layers.Dense(2)]
     )
-    with pytest.raises(UnsupportedLayerError, match=r"'norm_me' of class LayerNormalization.*Supported layers: Dense"):
+    with pytest.raises(UnsupportedLayerError, match=r"'norm_me' of class UnitNormalization.*Supported layers: Dense"):
         relevance(model, np.ones((1, 6), "float32"), 0)
 
 

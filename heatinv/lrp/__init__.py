@@ -27,7 +27,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # whether a trace is XLA-compiled: no public API
 
-from heatinv.lrp.canonical import SUPPORTED, UnsupportedLayerError, canonize, fold_batch_norm
+from heatinv.lrp.canonical import SUPPORTED, Boolean, Embed, UnsupportedLayerError, canonize, fold_batch_norm
+from heatinv.lrp.graph import MODEL_INPUT
 from heatinv.lrp.composites import COMPOSITES, Composite, resolve
 from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step, positive_product_steps
 from heatinv.lrp.rules import RULES, make_rule, stabilize
@@ -57,16 +58,21 @@ class Explanation:
     """A heatmap with the forward values it came from.
 
     Attributes:
-        relevance: ``[batch, *input_shape]``, same dtype as the input.
+        relevance: ``[batch, *input_shape]``, same dtype as the input; for a model of token
+            ids, ``[batch, tokens]`` in the embedding's dtype: each token's vector's relevance,
+            summed over the embedding dimension.
         logits: ``[batch, classes]``, pre-activation of the last Dense/Conv layer.
         outputs: ``[batch, classes]``, the model's output (after any final activation).
         start: ``[batch]``, the relevance that entered the network (the explained score).
+        embedding: for a model of token ids, ``[batch, tokens, dim]``, the relevance of the
+            Embedding's output (before a position embedding is added); else None.
     """
 
     relevance: tf.Tensor
     logits: tf.Tensor
     outputs: tf.Tensor
     start: tf.Tensor
+    embedding: tf.Tensor | None = None
 
 
 class LRP:
@@ -109,6 +115,7 @@ class LRP:
         self.output = output
         self.steps = canonize(model)
         self.top = logit_step(self.steps)
+        self.tokens = reads_tokens(self.steps)
         self.composite = resolve(composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta)
 
     def on(self, model: keras.Model) -> "LRP":
@@ -122,6 +129,7 @@ class LRP:
         other.model = model
         other.steps = canonize(model)
         other.top = logit_step(other.steps)
+        other.tokens = reads_tokens(other.steps)
         return other
 
     def __call__(self, x, target) -> tf.Tensor:
@@ -135,7 +143,7 @@ class LRP:
         entries, naming whether the model's outputs were already non-finite or relevance left
         the dtype's range on its way back; traced (``tf.function``), it checks nothing.
         """
-        x = model_input(x, self.model)
+        x = model_input(x, self.model, tokens=self.tokens)
         fwd = forward(self.steps, x, positive_product_steps(self.steps, self.composite))
         mask = target_mask(target, fwd.logits)
         if self.output == "logit":
@@ -147,9 +155,12 @@ class LRP:
             first = self.composite.first.keywords
             bounds = carry_bounds(self.steps, x, first.get("low", 0.0), first.get("high", 1.0))
         R = backward(self.steps, fwd, entering, self.composite, start, bounds)
+        embedding = None
+        if self.tokens:
+            embedding, R = R, tf.reduce_sum(R, axis=-1)
         if tf.executing_eagerly():
             _warn_if_not_finite(R, fwd.logits)
-        return Explanation(R, fwd.logits, fwd.outputs, tf.reduce_sum(entering, axis=-1))
+        return Explanation(R, fwd.logits, fwd.outputs, tf.reduce_sum(entering, axis=-1), embedding)
 
 
 class NonFiniteHeatmapWarning(UserWarning):
@@ -225,15 +236,37 @@ def relevance(
     return lrp(x, target)
 
 
-def model_input(x, model: keras.Model) -> tf.Tensor:
-    """``x`` as a tensor, checked to be a floating batch of the model's input shape.
+def reads_tokens(steps) -> bool:
+    """Whether the model's input is token ids: an Embedding reads it (and nothing else does).
+
+    Raises:
+        UnsupportedLayerError: an Embedding and another layer both read the input.
+    """
+    readers = [step for step in steps if MODEL_INPUT in step.sources and not isinstance(step, Boolean)]
+    embeds = [step for step in readers if isinstance(step, Embed)]
+    if embeds and len(embeds) != len(readers):
+        other = next(step for step in readers if not isinstance(step, Embed))
+        raise UnsupportedLayerError(
+            f"The model input feeds Embedding {embeds[0].name!r} and {other.name!r} too; heatinv explains a model "
+            "whose token ids go to Embedding layers only."
+        )
+    return bool(embeds)
+
+
+def model_input(x, model: keras.Model, *, tokens: bool = False) -> tf.Tensor:
+    """``x`` as a tensor, checked to be a floating batch of the model's input shape (integer token ids where ``tokens``).
 
     Example:
     >>> model_input(np.ones((2, 4), "float32"), keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])).shape
     TensorShape([2, 4])
     """
     x = tf.convert_to_tensor(x)
-    if not x.dtype.is_floating:
+    if tokens and not x.dtype.is_integer:
+        raise TypeError(
+            f"Model {model.name!r} reads token ids through an Embedding: give an integer [batch, tokens] array, "
+            f"got dtype {x.dtype.name}. Convert it first, e.g. ids.astype('int32')."
+        )
+    if not tokens and not x.dtype.is_floating:
         raise TypeError(
             f"LRP needs a floating input (float32 or float64), got dtype {x.dtype.name}; an integer "
             "input has no gradient. Convert it first, e.g. x.astype('float32') / 255."

@@ -4,17 +4,22 @@
 each one a step; every step names its ``sources``, the steps whose outputs it reads
 (:data:`~heatinv.lrp.graph.MODEL_INPUT` for the model input). The kinds:
 
-- :class:`Linear`: a Dense, Conv, DepthwiseConv or half of a SeparableConv (its depthwise
-  and its pointwise map are two steps), with its own activation and the BatchNormalization
-  that alone reads its output folded into its kernel and bias;
+- :class:`Linear`: a Dense, EinsumDense, Conv, DepthwiseConv or half of a SeparableConv (its
+  depthwise and its pointwise map are two steps), with its own activation and the
+  BatchNormalization that alone reads its output folded into its kernel and bias;
+- :class:`Embed`: an Embedding of the model's integer input (token ids);
+- :class:`Normalize`: LayerNormalization or RMSNormalization (AttnLRP's rule);
+- :class:`heatinv.lrp.attention.Attention`: a MultiHeadAttention call;
 - :class:`Pool`: average pooling (the ``norm`` rule) or max pooling (winner takes all);
 - :class:`Elementwise`: an activation, or a Keras op between a tensor and a constant
   (``x + 3``); relevance passes it unchanged;
 - :class:`Affine`: a per-channel affine map without a rule of its own (BatchNormalization
   that cannot be folded, Rescaling, Normalization); relevance passes it unchanged;
+- :class:`Shift`: a learned shift of its input (:class:`heatinv.layers.PositionEmbedding`),
+  which absorbs its share of the relevance;
 - :class:`Reshape`: Flatten or Reshape; relevance is reshaped back;
-- :class:`Rearrange`: padding, cropping or a permutation; relevance moves back with the
-  entries it belongs to (the map's adjoint);
+- :class:`Rearrange`: padding, cropping, a permutation or a slice (``x[:, 0]``); relevance
+  moves back with the entries it belongs to (the map's adjoint);
 - :class:`Merge`: Add, Average, Subtract, Concatenate, Multiply.
 
 Dropout, SpatialDropout, Identity, InputLayer, noise and random augmentation layers
@@ -35,15 +40,19 @@ from typing import Callable, Union
 import keras
 import tensorflow as tf
 
-from heatinv.layers import SoftplusBeta
+from heatinv.layers import PositionEmbedding, SoftplusBeta
+from heatinv.lrp import einsum
+from heatinv.lrp.attention import Attention
 from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
 from heatinv.lrp.one_channel import patches_of, single_channel_transpose, single_channel_transpose_each
 from heatinv.onednn import onednn_enabled
 
 SUPPORTED = (
-    "Dense, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
+    "Dense, EinsumDense (any equation and bias_axes), MultiHeadAttention (self- and cross-attention, "
+    "use_causal_mask, sliding_window, any dropout), LayerNormalization and RMSNormalization (over the last "
+    "axis), Embedding (of the model's integer input), heatinv.layers.PositionEmbedding, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
     "MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, GlobalMaxPooling1D/2D, "
-    "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, Add, Average, Subtract, "
+    "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, a constant slice (x[:, 0]), Add, Average, Subtract, "
     "Concatenate, Multiply, Dropout, SpatialDropout1D/2D, Identity, InputLayer, noise and random augmentation "
     "(GaussianNoise, RandomFlip, RandomRotation, ...: identity in inference), Activation (any "
     "activation), ReLU, LeakyReLU, ELU, Softmax, heatinv.layers.SoftplusBeta, BatchNormalization "
@@ -56,6 +65,8 @@ _CHANNELS_LAST = {3: "NWC", 4: "NHWC"}
 gradient of a convolution's gradient reads ``data_format`` (None otherwise: an AttributeError)."""
 
 _DENSE = (keras.layers.Dense,)
+_EINSUM = (keras.layers.EinsumDense,)
+_NORMALIZE = tuple(getattr(keras.layers, name) for name in ("LayerNormalization", "RMSNormalization") if hasattr(keras.layers, name))
 _CONV = (keras.layers.Conv1D, keras.layers.Conv2D)
 _DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
 _SEPARABLE = (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
@@ -127,7 +138,7 @@ _GATES = (keras.activations.sigmoid, keras.activations.hard_sigmoid)
 
 @dataclass
 class Linear:
-    """A Dense, Conv or DepthwiseConv layer (or one half of a SeparableConv), BatchNorm folded.
+    """A Dense, EinsumDense, Conv or DepthwiseConv layer (or one half of a SeparableConv), BatchNorm folded.
 
     Attributes:
         layer: the Keras layer.
@@ -144,13 +155,15 @@ class Linear:
     @property
     def kind(self) -> str:
         """``"dense"`` or ``"conv"``: which of the composite's rules it gets."""
-        return "dense" if isinstance(self.layer, _DENSE) else "conv"
+        return "dense" if isinstance(self.layer, (*_DENSE, *_EINSUM)) else "conv"
 
     @property
     def map(self) -> str:
-        """The linear map: ``"dense"``, ``"conv"`` (grouped or not) or ``"depthwise"``."""
+        """The linear map: ``"dense"``, ``"einsum"``, ``"conv"`` (grouped or not) or ``"depthwise"``."""
         if isinstance(self.layer, _DENSE):
             return "dense"
+        if isinstance(self.layer, _EINSUM):
+            return "einsum"
         if isinstance(self.layer, _DEPTHWISE) or self.part == "depthwise":
             return "depthwise"
         return "conv"
@@ -194,10 +207,10 @@ class Linear:
         else:
             kernel = tf.cast(layer.kernel, dtype)
         outputs = kernel.shape[-2] * kernel.shape[-1] if self.map == "depthwise" else kernel.shape[-1]
-        if layer.use_bias and self.part != "depthwise":
-            bias = tf.cast(layer.bias, dtype)
+        if getattr(layer, "bias", None) is not None and self.part != "depthwise":
+            bias = tf.cast(layer.bias, dtype)  # EinsumDense: shaped to broadcast over its output
         else:
-            bias = tf.zeros([outputs], dtype)
+            bias = tf.zeros([] if self.map == "einsum" else [outputs], dtype)
         if self.batch_norm is None:
             return kernel, bias
         if self.map == "depthwise":
@@ -209,7 +222,9 @@ class Linear:
 
     def affine(self, x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor | None) -> tf.Tensor:
         """The layer's linear map with the given kernel and bias (no activation)."""
-        if self.map == "dense":
+        if self.map == "einsum":
+            z = tf.einsum(self.layer.equation, x, kernel)
+        elif self.map == "dense":
             # matmul for the usual rank-2 input: tensordot's gradient copies the kernel into a transpose
             z = tf.matmul(x, kernel) if x.shape.rank == 2 else tf.tensordot(x, kernel, axes=[[x.shape.rank - 1], [0]])
         elif self.map == "depthwise":
@@ -286,6 +301,8 @@ class Linear:
             if self._to_one_channel(kernel[0]):
                 return single_channel_transpose(s, kernel, self.layer.padding.upper())
             s, kernel = tf.concat(s, axis=-1), tf.concat(kernel, axis=-1)
+        if self.map == "einsum":
+            return einsum.adjoint(self.layer.equation, s, kernel, like, operand=0)
         if self.map == "dense":
             if s.shape.rank == 2:
                 return tf.matmul(s, kernel, transpose_b=True)
@@ -401,8 +418,9 @@ class Pool:
     kind: str
     sources: tuple[int, ...] = (MODEL_INPUT,)
 
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        return self.layer.call(x)
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor:
+        """The pooling; ``mask``: the input's Keras mask, which GlobalAveragePooling1D averages over."""
+        return self.layer.call(x) if mask is None else self.layer.call(x, mask=mask)
 
     @property
     def name(self) -> str:
@@ -440,10 +458,13 @@ class Elementwise:
     sources: tuple[int, ...] = (MODEL_INPUT,)
     arguments: object | None = None
 
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor:
+        """The activation; ``mask``: the input's Keras mask, which a Softmax layer applies."""
         if self.arguments is not None:
             args, kwargs = self.arguments.fill_in({id(self.arguments.keras_tensors[0]): x})
             return self.layer(*args, **kwargs)
+        if mask is not None and isinstance(self.layer, keras.layers.Softmax):
+            return self.layer.call(x, mask=mask)
         slope = _leaky_slope(self.layer)
         return self.layer.call(x) if slope is None else leaky_relu(x, slope)
 
@@ -527,16 +548,26 @@ class Reshape:
 
 @dataclass
 class Rearrange:
-    """ZeroPadding, Cropping or Permute: entries move (or padding zeros appear); no weights.
+    """ZeroPadding, Cropping, Permute or a constant slice: entries move (or padding zeros appear); no weights.
 
     Relevance follows its entry back through the map's adjoint (cropping undoes padding,
-    padding undoes cropping, the inverse permutation undoes a permutation).
+    padding undoes cropping, the inverse permutation undoes a permutation, a slice's entries
+    take theirs back and the others get none).
+
+    Attributes:
+        layer: the Keras layer, or the ``GetItem`` op of a slice.
+        sources: the step feeding it.
+        arguments: for the op, its recorded arguments holding the slice.
     """
 
-    layer: keras.layers.Layer
+    layer: keras.Operation
     sources: tuple[int, ...] = (MODEL_INPUT,)
+    arguments: object | None = field(default=None, repr=False)
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        if self.arguments is not None:
+            args, kwargs = self.arguments.fill_in({id(self.arguments.keras_tensors[0]): x})
+            return self.layer(*args, **kwargs)
         return self.layer.call(x)
 
     @property
@@ -580,7 +611,140 @@ class Merge:
         return self.layer.name
 
 
-Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge]
+@dataclass
+class Boolean:
+    """A Keras op that computes a mask (``ids != 0`` for an Embedding's ``mask_zero``, masks combined).
+
+    Keras records these ops in the graph where a layer takes a mask as an argument
+    (GlobalAveragePooling1D's ``mask``); a step that reads one as its last source takes it as
+    that mask. No relevance flows through it.
+    """
+
+    layer: keras.Operation
+    sources: tuple[int, ...]
+    arguments: object | None = field(default=None, repr=False)
+
+    def __call__(self, *operands: tf.Tensor) -> tf.Tensor:
+        args, kwargs = self.arguments.fill_in({id(t): value for t, value in zip(self.arguments.keras_tensors, operands)})
+        return self.layer(*args, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class Embed:
+    """An Embedding of the model's integer input: token ids ``[batch, tokens]`` to vectors.
+
+    Relevance stops at its output, ``[batch, tokens, dim]``: the ids have none of their own
+    (a token's relevance is that vector's, summed over its entries, as LXT reports it).
+    """
+
+    layer: keras.layers.Embedding
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+
+    def __call__(self, ids: tf.Tensor) -> tf.Tensor:
+        embeddings = self.layer.embeddings
+        return tf.gather(embeddings, tf.cast(ids, tf.int32))
+
+    def mask(self, ids: tf.Tensor) -> tf.Tensor | None:
+        """Where the ids are not padding (``mask_zero=True``: id 0 is padding), else None."""
+        return tf.not_equal(ids, 0) if self.layer.mask_zero else None
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class Normalize:
+    """LayerNormalization or RMSNormalization over the last axis, in inference mode.
+
+    ``y = C(x) * gamma / sigma + beta``, ``C`` the centering (LayerNormalization) or the
+    identity (RMSNormalization, and LayerNormalization's ``rms_scaling``); the rule
+    (:func:`heatinv.lrp.rules.layer_norm_rule`) holds ``gamma / sigma`` constant.
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+
+    def parts(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None, bool]:
+        """``(scale, shift, centered)`` for the input ``x``: ``y = C(x) * scale + shift``, as Keras computes them."""
+        layer, dtype = self.layer, x.dtype
+        epsilon = tf.convert_to_tensor(layer.epsilon if layer.epsilon is not None else keras.config.epsilon(), dtype)
+        if isinstance(layer, keras.layers.LayerNormalization) and not layer.rms_scaling:
+            mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+            del mean
+            centered = True
+        elif isinstance(layer, keras.layers.LayerNormalization):
+            variance, centered = tf.math.reduce_variance(x, axis=-1, keepdims=True), False
+        else:  # RMSNormalization: the mean of the squares
+            variance, centered = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True), False
+        scale = tf.math.rsqrt(variance + epsilon)
+        gamma = getattr(layer, "gamma", None) if isinstance(layer, keras.layers.LayerNormalization) else layer.scale
+        if gamma is not None:
+            scale = scale * tf.cast(gamma, dtype)
+        beta = getattr(layer, "beta", None) if isinstance(layer, keras.layers.LayerNormalization) and not layer.rms_scaling else None
+        return scale, None if beta is None else tf.cast(beta, dtype), centered
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        scale, shift, centered = self.parts(x)
+        y = (x - tf.reduce_mean(x, axis=-1, keepdims=True) if centered else x) * scale
+        return y if shift is None else y + shift
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class Shift:
+    """A learned shift ``y = x + b`` (:class:`heatinv.layers.PositionEmbedding`).
+
+    Relevance splits as in a sum (:func:`heatinv.lrp.rules.sum_rule`): ``b`` absorbs its
+    share, as a bias does under LRP-0.
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...] = (MODEL_INPUT,)
+
+    def shift(self, x: tf.Tensor) -> tf.Tensor:
+        """``b`` for the input ``x``: the first ``tokens`` positions' vectors."""
+        return tf.cast(self.layer.embeddings[: tf.shape(x)[-2]], x.dtype)
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        return x + self.shift(x)
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Boolean]
+
+
+def output_mask(step: Step, operands: list, masks: list) -> tf.Tensor | None:
+    """The Keras mask of ``step``'s output, from its inputs' masks, as Keras passes masks along.
+
+    An Embedding with ``mask_zero`` starts one; a layer that supports masking computes its own
+    (its ``compute_mask``: most pass their first input's on, a merge layer combines them, a global
+    pooling gives none); a Keras op and a layer that does not support masking drop it;
+    MultiHeadAttention's output takes its query's. (MultiHeadAttention also removes the masks
+    of its input tensors: :func:`heatinv.lrp.propagate.forward` follows that.)
+    """
+    if isinstance(step, Embed):
+        return step.mask(operands[0])
+    if isinstance(step, Attention):
+        return masks[0]
+    if isinstance(step, Boolean):
+        return None
+    layer = step.layer
+    if not isinstance(layer, keras.layers.Layer) or not layer.supports_masking or all(m is None for m in masks):
+        return None
+    if isinstance(step, Merge):
+        return layer.compute_mask(operands, masks)
+    return layer.compute_mask(operands[0], masks[0])
 
 
 def dilate_kernel(kernel: tf.Tensor, rates: tuple[int, ...]) -> tf.Tensor:
@@ -649,8 +813,21 @@ def canonize(model: keras.Model) -> list[Step]:
     for index, call in enumerate(calls):
         layer = call.operation
         sources = tuple(step_of[source] for source in call.sources)
-        single = call.sources[0] if len(call.sources) == 1 else None
+        if call.boolean:
+            steps.append(Boolean(layer, sources, call.arguments))
+            step_of[index] = len(steps) - 1
+            continue
         _check_own_call(layer)
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            steps.append(_attention(layer, call, sources))
+            step_of[index] = len(steps) - 1
+            continue
+        if sources and all(source != MODEL_INPUT and isinstance(steps[source], Boolean) for source in sources):
+            raise UnsupportedLayerError(
+                f"{type(layer).__name__} {layer.name!r} computes from boolean tensors only; heatinv reads boolean "
+                "tensors as Keras masks (an Embedding's mask_zero), not as values to explain."
+            )
+        single = call.sources[0] if len(call.sources) == 1 else None
         if isinstance(layer, _VANISH):
             step_of[index] = sources[0]
             continue
@@ -662,9 +839,21 @@ def canonize(model: keras.Model) -> list[Step]:
                 step_of[index] = sources[0]
                 continue
             steps.append(Affine(layer, sources))
-        elif isinstance(layer, (*_DENSE, *_CONV, *_DEPTHWISE)):
+        elif isinstance(layer, (*_DENSE, *_EINSUM, *_CONV, *_DEPTHWISE)):
             _check_linear(layer)
             steps.append(Linear(layer, sources=sources))
+        elif isinstance(layer, _NORMALIZE):
+            _check_last_axis(layer)
+            steps.append(Normalize(layer, sources))
+        elif isinstance(layer, keras.layers.Embedding):
+            if sources != (MODEL_INPUT,):
+                raise UnsupportedLayerError(
+                    f"Embedding {layer.name!r} reads another layer's output; heatinv explains an Embedding of the "
+                    "model's input (its integer token ids)."
+                )
+            steps.append(Embed(layer, sources))
+        elif isinstance(layer, PositionEmbedding):
+            steps.append(Shift(layer, sources))
         elif isinstance(layer, _SEPARABLE):
             _check_linear(layer)
             steps.append(Linear(layer, sources=sources, part="depthwise"))
@@ -681,6 +870,8 @@ def canonize(model: keras.Model) -> list[Step]:
             steps.append(Reshape(layer, sources))
         elif isinstance(layer, _REARRANGE):
             steps.append(Rearrange(layer, sources))
+        elif not isinstance(layer, keras.layers.Layer) and type(layer).__name__ == "GetItem" and len(sources) == 1:
+            steps.append(Rearrange(layer, sources, call.arguments))
         elif type(layer) in _MERGE:
             kind = _MERGE[type(layer)]
             steps.append(Merge(layer, kind, sources, _gates(steps, sources) if kind == "multiply" else ()))
@@ -730,8 +921,9 @@ def _check_own_call(layer) -> None:
 
 def _has_rule(cls: type) -> bool:
     """Whether layers of class ``cls`` become a step (or vanish) in :func:`canonize`."""
-    kinds = (*_DENSE, *_CONV, *_DEPTHWISE, *_SEPARABLE, *_AVERAGE, *_MAX, *_ELEMENTWISE, *_VANISH, *_RESHAPE)
-    return issubclass(cls, (*kinds, *_REARRANGE, *_AFFINE, *_MERGE))
+    kinds = (*_DENSE, *_EINSUM, *_CONV, *_DEPTHWISE, *_SEPARABLE, *_AVERAGE, *_MAX, *_ELEMENTWISE, *_VANISH, *_RESHAPE)
+    transformer = (keras.layers.MultiHeadAttention, keras.layers.Embedding, PositionEmbedding, *_NORMALIZE)
+    return issubclass(cls, (*kinds, *_REARRANGE, *_AFFINE, *_MERGE, *transformer))
 
 
 def _no_rule(layer) -> str:
@@ -758,7 +950,53 @@ def _no_rule(layer) -> str:
 
 
 def _foldable(step: Step) -> bool:
-    return isinstance(step, Linear) and step.activation is None and step.batch_norm is None
+    # An EinsumDense's output channels need not be its kernel's last axis, which the fold scales.
+    return isinstance(step, Linear) and step.map != "einsum" and step.activation is None and step.batch_norm is None
+
+
+def _attention(layer: keras.layers.MultiHeadAttention, call, sources: tuple) -> Attention:
+    """The step of a MultiHeadAttention call: which sources feed its query, value and key."""
+    arguments = call.arguments
+    args, kwargs = list(arguments.args), dict(arguments.kwargs)
+    names = ("query", "value", "key")
+    given = {name: args[i] if i < len(args) else kwargs.pop(name, None) for i, name in enumerate(names)}
+    for name in names[: len(args)]:
+        kwargs.pop(name, None)
+    unsupported = sorted(
+        key for key, value in kwargs.items()
+        if key in ("attention_mask", "query_mask", "value_mask", "key_mask") and value is not None
+        or key == "return_attention_scores" and value
+    )
+    if unsupported or isinstance(kwargs.get("use_causal_mask"), keras.KerasTensor):
+        raise UnsupportedLayerError(
+            f"MultiHeadAttention {layer.name!r} is called with {', '.join(unsupported) or 'a tensor use_causal_mask'}; "
+            "heatinv explains attention masked by use_causal_mask=True or the layer's sliding_window. Mask padding "
+            "by giving padded tokens no relevance in the target instead, or build the mask into the model with "
+            "use_causal_mask."
+        )
+    problems = []
+    if len(layer.attention_axes or (1,)) != 1 or layer.query_dense.kernel.shape.rank != 3:
+        problems.append(f"attention_axes={layer.attention_axes} (heatinv explains attention over the tokens of [batch, tokens, dim] inputs)")
+    if getattr(layer, "_use_gate", False):
+        problems.append("use_gate=True")
+    if problems:
+        raise UnsupportedLayerError(f"MultiHeadAttention {layer.name!r} uses " + ", ".join(problems) + ".")
+    source_of = {id(tensor): source for tensor, source in zip(arguments.keras_tensors, sources)}
+    roles = [source_of[id(given["query"])], source_of[id(given["value"])]]
+    if given["key"] is not None:
+        roles.append(source_of[id(given["key"])])
+    projections = tuple(Linear(dense) for dense in (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense))
+    return Attention(layer, tuple(roles), projections, causal=bool(kwargs.get("use_causal_mask", False)))
+
+
+def _check_last_axis(layer: keras.layers.Layer) -> None:
+    axis = layer.axis if isinstance(layer.axis, int) else (layer.axis[0] if len(layer.axis) == 1 else None)
+    rank = len(layer.input.shape) if hasattr(layer, "input") else None
+    if axis is None or (axis != -1 and rank is not None and axis != rank - 1):
+        raise UnsupportedLayerError(
+            f"{type(layer).__name__} {layer.name!r} normalizes axis {layer.axis}; heatinv handles normalization "
+            "over the last axis (the features of each token or position) only."
+        )
 
 
 def _gates(steps: list[Step], sources: tuple[int, ...]) -> tuple[bool, ...]:
@@ -790,6 +1028,17 @@ def _is_hard_sigmoid_from_ops(steps: list[Step], index: int) -> bool:
     return isinstance(shifted, Elementwise) and shifted.arguments is not None and type(shifted.layer).__name__ == "Add"
 
 
+def _check_equation(layer: keras.layers.EinsumDense) -> None:
+    first, second, output = einsum.parse(layer.equation)
+    summed_alone = [index for index in first if index not in second + output and index != "."]
+    if summed_alone and "." in first:
+        raise UnsupportedLayerError(
+            f"EinsumDense {layer.name!r} sums its input over {', '.join(summed_alone)} and broadcasts with '...' "
+            f"({layer.equation!r}); heatinv's adjoint of such an equation needs named axes. Write the equation "
+            "without '...'."
+        )
+
+
 def _check_channel_axis(batch_norm: keras.layers.BatchNormalization) -> None:
     axis = batch_norm.axis if isinstance(batch_norm.axis, int) else batch_norm.axis[0]
     rank = len(batch_norm.input.shape) if hasattr(batch_norm, "input") else None
@@ -801,6 +1050,14 @@ def _check_channel_axis(batch_norm: keras.layers.BatchNormalization) -> None:
 
 
 def _check_linear(layer: keras.layers.Layer) -> None:
+    if getattr(layer, "quantization_mode", None) is not None:
+        raise UnsupportedLayerError(
+            f"Layer {layer.name!r} ({type(layer).__name__}) is quantized ({layer.quantization_mode}); heatinv "
+            "explains floating-point kernels. Explain the model before quantizing it."
+        )
+    if isinstance(layer, _EINSUM):
+        _check_equation(layer)
+        return
     if isinstance(layer, _DENSE):
         return
     problems = []

@@ -1,13 +1,19 @@
-"""Composites: which rule each linear layer gets.
+"""Composites: which rule each linear layer gets, and how relevance crosses attention.
 
-A composite gives a rule to the first linear layer (``first``, optional), to Dense layers
-(``dense``) and to Conv layers (``conv``); the first layer falls back to its type's rule
-when ``first`` is absent. Each rule is a name from :data:`heatinv.lrp.rules.RULES` or a
-mapping ``{"name": ..., **parameters}``; parameters not given come from the defaults passed
-to :func:`resolve` (``epsilon``, ``gamma``, ``low``, ``high``, ``alpha``, ``beta``).
+A composite gives a rule to the first linear layer (``first``, optional), to Dense and
+EinsumDense layers (``dense``) and to Conv layers (``conv``); the first layer falls back to
+its type's rule when ``first`` is absent. Each rule is a name from
+:data:`heatinv.lrp.rules.RULES` or a mapping ``{"name": ..., **parameters}``; parameters not
+given come from the defaults passed to :func:`resolve` (``epsilon``, ``gamma``, ``low``,
+``high``, ``alpha``, ``beta``). Two optional keys serve transformers: ``attention``, how
+relevance crosses the attention weights (``"attnlrp"``, the default, or ``"cp"``:
+:data:`heatinv.lrp.attention.ATTENTION_RULES`), and ``stabilizer``, the epsilon of the
+rules that divide by a sum without weights (residual sums, average pooling, LayerNorm, the
+attention products; :data:`heatinv.lrp.rules.STABILIZER` by default).
 
 The named composites follow the recommendations of Montavon et al. (2019) and the
-composites of the same names in Zennit.
+composites of the same names in Zennit; ``attnlrp`` is AttnLRP (Achtibat et al. 2024) as
+LXT 2.1 computes it, LRP-0 on every linear layer, and ``cp_lrp`` CP-LRP (Ali et al. 2022).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Union
 
-from heatinv.lrp.rules import RULES, Rule, make_rule
+from heatinv.lrp.attention import ATTENTION_RULES
+from heatinv.lrp.rules import RULES, STABILIZER, ZERO_STABILIZER, Rule, make_rule
 
 RuleSpec = Union[str, Mapping]
 
@@ -28,17 +35,21 @@ COMPOSITES: dict[str, dict[str, RuleSpec | None]] = {
     "epsilon_gamma_box": {"first": "zbox", "dense": "epsilon", "conv": "gamma"},
     "epsilon_plus_flat": {"first": "flat", "dense": "epsilon", "conv": "zplus"},
     "epsilon_alpha2_beta1": {"first": None, "dense": "epsilon", "conv": {"name": "alpha_beta", "alpha": 2.0, "beta": 1.0}},
+    "attnlrp": {"first": None, "dense": "zero", "conv": "zero", "attention": "attnlrp", "stabilizer": ZERO_STABILIZER},
+    "cp_lrp": {"first": None, "dense": "zero", "conv": "zero", "attention": "cp", "stabilizer": ZERO_STABILIZER},
 }
 """Registry of named composites; ``configs/lrp/*.yaml`` holds one file per name."""
 
 
 @dataclass(frozen=True)
 class Composite:
-    """Resolved rules: one for the first linear layer (or None), one per layer kind."""
+    """Resolved rules: one for the first linear layer (or None), one per layer kind, and the transformer settings."""
 
     first: Rule | None
     dense: Rule
     conv: Rule
+    attention: str = "attnlrp"
+    stabilizer: float = STABILIZER
 
     def rule_for(self, kind: str, is_first: bool) -> Rule:
         """The rule for a linear layer of ``kind`` ('dense' or 'conv')."""
@@ -63,21 +74,29 @@ def resolve(composite: str | Mapping, **defaults: float) -> Composite:
             )
         spec = COMPOSITES[composite]
     elif isinstance(composite, Mapping):
-        unknown = set(composite) - {"first", "dense", "conv"}
+        unknown = set(composite) - {"first", "dense", "conv", "attention", "stabilizer"}
         missing = {"dense", "conv"} - set(composite)
         if unknown or missing:
             raise ValueError(
-                f"A composite mapping needs keys 'dense' and 'conv' (and optionally 'first'); got "
-                f"{sorted(composite)}."
+                f"A composite mapping needs keys 'dense' and 'conv' (and optionally 'first', 'attention', "
+                f"'stabilizer'); got {sorted(composite)}."
             )
         spec = composite
     else:
         raise TypeError(f"composite must be a name or a mapping, got {type(composite).__name__}.")
     first = spec.get("first")
+    attention = spec.get("attention", "attnlrp")
+    if attention not in ATTENTION_RULES:
+        raise ValueError(f"A composite's 'attention' is one of {list(ATTENTION_RULES)}; got {attention!r}.")
+    stabilizer = spec.get("stabilizer", STABILIZER)
+    if not (isinstance(stabilizer, (int, float)) and stabilizer > 0):
+        raise ValueError(f"A composite's 'stabilizer' is a number > 0 (it keeps divisions finite); got {stabilizer!r}.")
     return Composite(
         first=None if first is None else _rule(first, defaults),
         dense=_rule(spec["dense"], defaults),
         conv=_rule(spec["conv"], defaults),
+        attention=attention,
+        stabilizer=float(stabilizer),
     )
 
 

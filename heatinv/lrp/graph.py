@@ -32,11 +32,15 @@ class Call:
             (:data:`MODEL_INPUT` for the model's input).
         arguments: Keras's record of the call's arguments (tensors and constants), or None
             for a call inside a Sequential model (one tensor, no constants).
+        boolean: whether the call computes a boolean tensor: a Keras mask (an Embedding's
+            ``mask_zero`` padding, combined by merge layers), which Keras records as ops in the
+            graph when a layer takes it as an argument.
     """
 
     operation: keras.Operation
     sources: tuple[int, ...]
     arguments: object | None = None
+    boolean: bool = False
 
     @property
     def name(self) -> str:
@@ -116,7 +120,7 @@ def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
                     raise UnsupportedLayerError(f"Nested model {operation.name!r} takes {len(sources)} inputs; heatinv needs one.")
                 index = _expand(operation, sources[0], calls)
             else:
-                calls.append(Call(operation, sources, node.arguments))
+                calls.append(Call(operation, sources, node.arguments, node.outputs[0].dtype == "bool"))
                 index = len(calls) - 1
             produced[id(node.outputs[0])] = index
     return produced[id(model.outputs[0])]

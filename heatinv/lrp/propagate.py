@@ -10,21 +10,28 @@ differentiable (to any order) with respect to the weights and the input, eagerly
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
 
+from heatinv.lrp.attention import Attention
 from heatinv.lrp.canonical import (
+    Boolean,
     Elementwise,
+    Embed,
     Linear,
     Merge,
+    Normalize,
     Pool,
     Rearrange,
     Reshape,
+    Shift,
     Step,
     UnsupportedLayerError,
+    output_mask,
 )
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
@@ -35,6 +42,7 @@ from heatinv.lrp.rules import (
     box_bound,
     concatenation_rule,
     known_zero,
+    layer_norm_rule,
     norm,
     product_rule,
     stacks,
@@ -74,6 +82,11 @@ class Forward:
         masks: the winners' mask of each max pooling step, by step index, where the forward
             pass found it (:func:`heatinv.lrp.max_pool.max_pool_with_mask`), else None; the
             routing reuses it.
+        attention: the kept values of each attention step, by step index
+            (:class:`heatinv.lrp.attention.AttentionValues`).
+        keras_masks: the Keras mask of every step's output (token padding from an
+            Embedding with ``mask_zero``) as Keras passes it at run time, None where there is none.
+        padding: the mask a masked pooling or softmax step applied, by step index.
         outputs: the model's output (after any final activation): the last step's value.
     """
 
@@ -84,6 +97,9 @@ class Forward:
     values: list
     masks: dict[int, tf.Tensor | None]
     positives: dict[int, tf.Tensor]
+    attention: dict = field(default_factory=dict)
+    keras_masks: list = field(default_factory=list)
+    padding: dict = field(default_factory=dict)
 
     @property
     def outputs(self) -> tf.Tensor:
@@ -106,15 +122,30 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
     """
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
-    masks, positives = {}, {}
+    masks, positives, attention, keras_masks, padding = {}, {}, {}, [], {}
     logits = None
     for i, step in enumerate(steps):
         operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
-        if isinstance(step, Merge):
+        given_masks = [None if source == MODEL_INPUT else keras_masks[source] for source in step.sources]
+        explicit = [operand for source, operand in zip(step.sources, operands) if _is_boolean(steps, source)]
+        if explicit and not isinstance(step, Boolean):  # a mask Keras recorded as the call's argument
+            operands = [o for source, o in zip(step.sources, operands) if not _is_boolean(steps, source)]
+            given_masks = given_masks[: len(operands)]
+        keras_masks.append(output_mask(step, operands, given_masks))
+        if isinstance(step, (Merge, Attention, Boolean)):
             inputs.append(operands)
             params.append(None)
             products.append(None)
-            values.append(step(*operands))
+            if isinstance(step, Attention):
+                attention[i] = step.forward(*operands, masks=given_masks)
+                values.append(step.output(attention[i]))
+                for source in step.sources:
+                    # Keras's MultiHeadAttention removes its inputs' masks: a later reader of the
+                    # same tensor (the residual sum) sees none.
+                    if source != MODEL_INPUT:
+                        keras_masks[source] = None
+            else:
+                values.append(step(*operands))
             continue
         a = operands[0]
         inputs.append(a)
@@ -139,11 +170,18 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             if isinstance(step, Pool) and step.kind == "max":
                 value, masks[i] = max_pool_with_mask(step, a)
                 values.append(value)
+            elif isinstance(step, (Pool, Elementwise)) and (explicit or given_masks[0] is not None):
+                padding[i] = explicit[0] if explicit else given_masks[0]
+                values.append(step(a, mask=padding[i]))
             else:
                 values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, products, logits, values, masks, positives)
+    return Forward(inputs, params, products, logits, values, masks, positives, attention, keras_masks, padding)
+
+
+def _is_boolean(steps: list[Step], source: int) -> bool:
+    return source != MODEL_INPUT and isinstance(steps[source], Boolean)
 
 
 def logit_step(steps: list[Step]) -> int:
@@ -215,7 +253,7 @@ def first_linear_steps(steps: list[Step]) -> set[int]:
         if any(source in reached for source in step.sources):
             if isinstance(step, Linear):
                 first.add(i)
-            else:
+            elif not isinstance(step, (Embed, Attention, Boolean)):  # token vectors are no pixels: no first-layer rule beyond
                 reached.add(i)
     return first
 
@@ -398,16 +436,27 @@ def backward(
         if i not in pending:
             continue  # nothing of the explained score flows through this step
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
-        shares = _shares(
-            step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative, i in rectified,
-            fwd.masks.get(i), fwd.positives.get(i),
-        )
+        if isinstance(step, Attention):
+            shares = step.relevance(fwd.attention[i], r, composite.dense, composite.attention, composite.stabilizer)
+        else:
+            shares = _shares(
+                step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative,
+                i in rectified, fwd.masks.get(i), fwd.positives.get(i), fwd.padding.get(i),
+            )
         for source, share in zip(step.sources, shares):
             if share is not None:
                 pending[source] = pending[source] + share if source in pending else share
     if MODEL_INPUT not in pending:
-        return tf.zeros_like(fwd.inputs[0] if not isinstance(fwd.inputs[0], list) else fwd.inputs[0][0])
+        return tf.zeros_like(_input_like(steps, fwd))
     return pending[MODEL_INPUT]
+
+
+def _input_like(steps: list[Step], fwd: Forward) -> tf.Tensor:
+    """A tensor shaped like the relevance that reaches the input: the input, or the token vectors where an Embed reads it."""
+    first = next(i for i, step in enumerate(steps) if MODEL_INPUT in step.sources)
+    if isinstance(steps[first], Embed):
+        return fwd.values[first]
+    return fwd.inputs[first][0] if isinstance(fwd.inputs[first], list) else fwd.inputs[first]
 
 
 def _checking_the_sign(
@@ -432,9 +481,9 @@ def _checking_the_sign(
 
 def _shares(
     step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
-    rectified: bool, mask: tf.Tensor | None = None, positive: tf.Tensor | None = None,
+    rectified: bool, mask: tf.Tensor | None = None, positive: tf.Tensor | None = None, padding: tf.Tensor | None = None,
 ) -> list:
-    """The relevance ``step`` hands to each of its sources (None: none)."""
+    """The relevance ``step`` hands to each of its sources (None: none); ``padding``: its input's Keras mask."""
     if isinstance(step, Linear):
         kernel, bias = params
         rule = composite.rule_for(step.kind, is_first=is_first)
@@ -454,7 +503,8 @@ def _shares(
         return [rule(a, kernel, bias, relevance, step, **known)]
     if isinstance(step, Pool):
         if step.kind == "average":
-            return [norm(a, relevance, step)]
+            pool = step if padding is None else functools.partial(step, mask=padding)
+            return [norm(a, relevance, pool, composite.stabilizer)]
         return [winner_takes_all(a, relevance, step, mask)]
     if isinstance(step, Reshape):
         return [tf.reshape(relevance, tf.shape(a))]
@@ -462,13 +512,18 @@ def _shares(
         return [adjoint(step, a, relevance)]
     if isinstance(step, Merge):
         if step.kind == "add":
-            return sum_rule(a, relevance)
+            return sum_rule(a, relevance, composite.stabilizer)
         if step.kind == "average":
-            return sum_rule([x / len(a) for x in a], relevance)
+            return sum_rule([x / len(a) for x in a], relevance, composite.stabilizer)
         if step.kind == "subtract":
-            return sum_rule([a[0], -a[1]], relevance)
+            return sum_rule([a[0], -a[1]], relevance, composite.stabilizer)
         if step.kind == "concatenate":
             return concatenation_rule(a, relevance, step.axis)
         return product_rule(a, relevance, step.gates)
-    # Elementwise, Affine: relevance passes unchanged.
+    if isinstance(step, Normalize):
+        scale, shift, centered = step.parts(a)
+        return [layer_norm_rule(a, relevance, scale, shift, centered, composite.stabilizer)]
+    if isinstance(step, Shift):
+        return sum_rule([a, step.shift(a)], relevance, composite.stabilizer)[:1]
+    # Elementwise, Affine: relevance passes unchanged; Embed: relevance stops at its vectors.
     return [relevance]

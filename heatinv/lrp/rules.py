@@ -32,6 +32,8 @@ from typing import Callable, Protocol
 import numpy as np
 import tensorflow as tf
 
+from heatinv.lrp import einsum
+
 
 STABILIZER = 1e-6
 """The epsilon every rule except ``epsilon`` uses only to keep its divisions finite."""
@@ -462,23 +464,23 @@ def _default(fn: Callable, key: str) -> float:
     return fn.__kwdefaults__[key]
 
 
-def norm(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+def norm(a: tf.Tensor, relevance: tf.Tensor, pool: Callable[[tf.Tensor], tf.Tensor], stabilizer: float = STABILIZER) -> tf.Tensor:
     """Average pooling as a linear map without weights: ``R_in = a * P^T (R / stab(P a))``."""
-    s = stabilized_ratio(relevance, pool(a), STABILIZER)
+    s = stabilized_ratio(relevance, pool(a), stabilizer)
     return a * adjoint(pool, a, s)
 
 
 # Merge rules: a node that combines several tensors hands each operand its share of ``R``.
 
 
-def sum_rule(contributions: list[tf.Tensor], relevance: tf.Tensor) -> list[tf.Tensor]:
+def sum_rule(contributions: list[tf.Tensor], relevance: tf.Tensor, stabilizer: float = STABILIZER) -> list[tf.Tensor]:
     """A sum ``z = sum_k x_k`` (Add; Average with ``x_k / n``; Subtract with ``x_1, -x_2``).
 
     ``R_k = x_k * R / stab(z)``: Zennit's rule for a residual sum (its ``Sum`` layer with the
     ``Norm`` rule). Operands broadcast in the sum get their relevance summed back over the
     broadcast axes.
     """
-    s = stabilized_ratio(relevance, tf.add_n([tf.broadcast_to(x, tf.shape(relevance)) for x in contributions]), STABILIZER)
+    s = stabilized_ratio(relevance, tf.add_n([tf.broadcast_to(x, tf.shape(relevance)) for x in contributions]), stabilizer)
     return [unbroadcast(x * s, x) for x in contributions]
 
 
@@ -509,3 +511,54 @@ def unbroadcast(relevance: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
         relevance = tf.reduce_sum(relevance, axis=list(range(extra)))
     axes = [axis for axis, size in enumerate(like.shape) if size == 1 and relevance.shape[axis] != 1]
     return tf.reduce_sum(relevance, axis=axes, keepdims=True) if axes else relevance
+
+
+# Transformer rules: AttnLRP (Achtibat et al., "AttnLRP: Attention-Aware Layer-Wise Relevance
+# Propagation for Transformers", ICML 2024) and CP-LRP (Ali et al., "XAI for Transformers:
+# Better Explanations through Conservative Propagation", ICML 2022).
+
+
+def layer_norm_rule(
+    a: tf.Tensor, relevance: tf.Tensor, scale: tf.Tensor, shift: tf.Tensor | None, centered: bool, stabilizer: float
+) -> tf.Tensor:
+    """LayerNorm / RMSNorm with ``1 / sigma`` held constant (AttnLRP's identity rule on the division).
+
+    ``z = C(a) * scale + shift``, ``C`` the centering ``a - mean(a)`` over the last axis (the identity
+    for RMSNorm), ``scale = gamma / sigma(a)`` taken as a constant of the example: a linear map with
+    a bias, explained by LRP-0, ``R_in = a * C^T (scale * R / stab(z))`` (``C`` is symmetric).
+    ``shift`` (beta) absorbs its share. Constant only in this rule: ``sigma`` is an ordinary
+    tensor of the forward pass, so a tape around the heatmap differentiates through it.
+    """
+    z = (a - tf.reduce_mean(a, axis=-1, keepdims=True) if centered else a) * scale
+    if shift is not None:
+        z = z + shift
+    back = scale * stabilized_ratio(relevance, z, stabilizer)
+    if centered:
+        back = back - tf.reduce_mean(back, axis=-1, keepdims=True)
+    return a * back
+
+
+def uniform_rule(
+    equation: str, x: tf.Tensor, y: tf.Tensor, relevance: tf.Tensor, stabilizer: float, shares: tuple[float, float] = (0.5, 0.5)
+) -> tuple[tf.Tensor | None, tf.Tensor | None]:
+    """A product of two tensors ``z = einsum(equation, x, y)`` (``q k^T``, ``A v``): each factor's LRP-0 share.
+
+    ``R_x = shares[0] * x * J_x^T (R / stab(z))`` with ``J_x`` the product's Jacobian in ``x`` (``y``
+    held fixed), and ``R_y`` likewise. AttnLRP's uniform rule gives each factor half
+    (``shares=(0.5, 0.5)``); CP-LRP holds the attention weights constant, so ``A v`` gives
+    ``v`` all (``(0.0, 1.0)``). A factor with share 0 gets None.
+    """
+    s = stabilized_ratio(relevance, tf.einsum(equation, x, y), stabilizer)
+    to_x = None if shares[0] == 0 else shares[0] * x * einsum.adjoint(equation, s, y, x, operand=0)
+    to_y = None if shares[1] == 0 else shares[1] * y * einsum.adjoint(equation, s, x, y, operand=1)
+    return to_x, to_y
+
+
+def softmax_rule(x: tf.Tensor, weights: tf.Tensor, relevance: tf.Tensor, axis: int = -1) -> tf.Tensor:
+    """AttnLRP's softmax rule: ``R_in_i = x_i (R_i - s_i sum_j R_j)``, ``s = softmax(x)`` along ``axis``.
+
+    The Taylor decomposition of the softmax at ``x`` (Achtibat et al. 2024, Prop. 3.3), equal to
+    gradient times input of the softmax. Not conservative: ``sum_i R_in_i = sum_i R_i - H``
+    where ``H`` depends on how far ``x`` is from its weighted mean.
+    """
+    return x * (relevance - weights * tf.reduce_sum(relevance, axis=axis, keepdims=True))

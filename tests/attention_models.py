@@ -1,0 +1,120 @@
+"""Tiny transformers in Keras for the attention tests: a ViT and text classifiers, seeded, any dtype.
+
+Each builder returns a functional model with random weights (normal, std 0.5: softmax rows
+neither uniform nor one-hot, GELU on both of its sides). The variants exercise what the
+AttnLRP issue names: pre-norm and post-norm blocks, MultiHeadAttention with dropout 0 (Keras's
+fused ``dot_product_attention``) and > 0 (its einsum path), ``key_dim`` != ``value_dim``,
+causal masks, cross-attention with and without a separate key, EinsumDense with a per-position
+bias as the position embedding, heatinv's PositionEmbedding, GELU/tanh/SiLU, mean pooling and
+the first token.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from heatinv.layers import PositionEmbedding
+
+
+def _block(x, name: str, dtype: str, *, heads=2, key_dim=3, value_dim=None, dropout=0.0, causal=False, pre_norm=True,
+           activation="gelu", epsilon=1e-3):
+    dim = x.shape[-1]
+
+    def attention(h):
+        mha = keras.layers.MultiHeadAttention(heads, key_dim, value_dim=value_dim, dropout=dropout, dtype=dtype, name=f"{name}_mha")
+        return mha(h, h, use_causal_mask=causal) if causal else mha(h, h)
+
+    def norm(h, which):
+        return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=f"{name}_ln{which}")(h)
+
+    def mlp(h):
+        h = keras.layers.Dense(2 * dim, activation=activation, dtype=dtype, name=f"{name}_fc1")(h)
+        return keras.layers.Dense(dim, dtype=dtype, name=f"{name}_fc2")(h)
+
+    def add(a, b, which):
+        return keras.layers.Add(dtype=dtype, name=f"{name}_add{which}")([a, b])
+
+    if pre_norm:
+        x = add(x, attention(norm(x, 1)), 1)
+        return add(x, mlp(norm(x, 2)), 2)
+    x = norm(add(x, attention(x), 1), 1)
+    return norm(add(x, mlp(x), 2), 2)
+
+
+def vit(dtype: str = "float64", seed: int = 0, *, image=8, patch=4, dim=6, depth=2, classes=3, dropout=0.0,
+        patches="conv", pooling="mean") -> keras.Model:
+    """A pre-norm ViT on ``[image, image, 1]``: conv or EinsumDense patches, GELU MLPs, mean or first-token pooling.
+
+    ``patches="einsum"``: the image cut into patches by Reshape/Permute, embedded by an
+    EinsumDense whose bias has one vector per patch (the position embedding); ``"conv"``: a
+    strided Conv2D and heatinv's PositionEmbedding.
+    """
+    side, count = image // patch, (image // patch) ** 2
+    inputs = keras.Input((image, image, 1), dtype=dtype)
+    if patches == "conv":
+        x = keras.layers.Conv2D(dim, patch, strides=patch, dtype=dtype, name="patches")(inputs)
+        x = keras.layers.Reshape((count, dim), dtype=dtype)(x)
+        x = PositionEmbedding(count, dtype=dtype, name="positions")(x)
+    else:
+        x = keras.layers.Reshape((side, patch, side, patch), dtype=dtype)(inputs)
+        x = keras.layers.Permute((1, 3, 2, 4), dtype=dtype)(x)
+        x = keras.layers.Reshape((count, patch * patch), dtype=dtype)(x)
+        x = keras.layers.EinsumDense("abc,cd->abd", output_shape=(count, dim), bias_axes="bd", dtype=dtype, name="patches")(x)
+    for i in range(depth):
+        x = _block(x, f"block{i}", dtype, dropout=dropout, value_dim=4 if i == 1 else None, epsilon=1e-5)
+    x = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype, name="final_ln")(x)
+    x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x) if pooling == "mean" else x[:, 0]
+    outputs = keras.layers.Dense(classes, dtype=dtype, name="head")(x)
+    return randomize(keras.Model(inputs, outputs, name=f"vit_{patches}_{pooling}"), seed)
+
+
+def text(dtype: str = "float64", seed: int = 0, *, vocab=20, tokens=6, dim=6, depth=2, classes=3, causal=False,
+         dropout=0.0, pooling="first", activation="gelu", mask_zero=False) -> keras.Model:
+    """A BERT-style classifier of token ids: embeddings, post-norm blocks, a pooled token, a tanh pooler.
+
+    ``pooling``: ``"first"`` (BERT's [CLS]), ``"last"`` (a causal model's last token),
+    ``"cross"`` (the first token attends to all through a cross-attention whose key input is
+    the layer-normed sequence) or ``"mean"`` (GlobalAveragePooling1D, over the tokens that are
+    not padding where ``mask_zero``). ``tokens=None``: any length.
+    """
+    inputs = keras.Input((tokens,), dtype="int32")
+    x = keras.layers.Embedding(vocab, dim, mask_zero=mask_zero, dtype=dtype, name="tokens")(inputs)
+    x = PositionEmbedding(tokens or 16, dtype=dtype, name="positions")(x)
+    x = keras.layers.LayerNormalization(dtype=dtype, name="embedding_ln")(x)
+    for i in range(depth):
+        x = _block(x, f"block{i}", dtype, causal=causal, dropout=dropout, pre_norm=False, activation=activation)
+    if pooling == "first":
+        x = x[:, 0]
+    elif pooling == "last":
+        x = x[:, -1]
+    elif pooling == "mean":
+        x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x)
+    else:
+        keys = keras.layers.LayerNormalization(dtype=dtype, name="keys_ln")(x)
+        cross = keras.layers.MultiHeadAttention(2, 3, value_dim=2, dtype=dtype, name="pool_mha")
+        x = keras.layers.Flatten(dtype=dtype)(cross(x[:, :1], x, key=keys))
+    x = keras.layers.Dense(dim, activation="tanh", dtype=dtype, name="pooler")(x)
+    outputs = keras.layers.Dense(classes, dtype=dtype, name="head")(x)
+    return randomize(keras.Model(inputs, outputs, name=f"text_{pooling}{'_causal' if causal else ''}"), seed)
+
+
+def randomize(model: keras.Model, seed: int, scale: float = 0.5) -> keras.Model:
+    """Every weight drawn from N(0, scale^2), LayerNorm gammas around 1; ``model`` changed in place."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        values = rng.normal(0.0, scale, weight.shape)
+        if weight.path.endswith("gamma"):
+            values = 1.0 + values / 2
+        weight.assign(values.astype(weight.dtype))
+    return model
+
+
+def images(batch: int = 2, seed: int = 1, image: int = 8) -> np.ndarray:
+    """Inputs for :func:`vit`: uniform in [-1, 1]."""
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, (batch, image, image, 1))
+
+
+def token_ids(batch: int = 2, seed: int = 1, tokens: int = 6, vocab: int = 20) -> np.ndarray:
+    """Inputs for :func:`text`: int32 ids."""
+    return np.random.default_rng(seed).integers(0, vocab, (batch, tokens)).astype("int32")

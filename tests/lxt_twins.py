@@ -1,0 +1,245 @@
+"""A Keras transformer run again in PyTorch with the same float64 weights, explained by LXT 2.1's AttnLRP.
+
+LXT (Achtibat et al., the reference implementation of AttnLRP) computes relevance as input
+times a modified gradient: its rules replace the backward pass of some operations. The twin
+calls LXT's own code at each of them:
+
+- LayerNormalization: ``lxt.efficient.patches.layer_norm_forward`` (sigma held constant);
+- element-wise activations (GELU, tanh, SiLU): ``non_linear_forward``, the identity rule;
+- attention: the twin's eager attention (``q k^T`` scaled, masked softmax, ``A v``) wrapped by
+  ``wrap_attention_forward`` (AttnLRP: the gradient at q and k divided by 4, at v by 2) or
+  ``cp_wrap_attention_forward`` (CP-LRP: q and k detached);
+- everything else (Linear/EinsumDense/Conv, sums, means, slices, reshapes) takes the plain
+  gradient, which is LRP-0.
+
+The twin walks the Keras model's call graph (``heatinv.lrp.graph.layer_graph``: only the
+order of the calls, none of heatinv's rules) and runs each call as torch ops, converting the
+weights: a Keras kernel ``[in, out]`` is used as is with ``x @ W``, EinsumDense and
+MultiHeadAttention's projections through ``torch.einsum`` with their own equations, Conv2D's
+HWIO kernel as OIHW on NCHW. The twin is checked first: its logits equal Keras's.
+
+Relevance of an image model: ``x * x.grad``. Of a token model: the embedding output times its
+gradient, summed over the embedding dimension (how LXT's examples report tokens).
+
+``lxt/efficient/__init__.py`` imports LXT's Hugging Face model maps, which import
+transformers, and its Zennit patches, which import Zennit (and so torchvision, whose wheel does
+not load against torch's CPU build); :func:`import_lxt` puts an empty stand-in for
+``lxt.efficient.models`` into ``sys.modules`` while LXT is imported (nothing here uses those
+maps) and imports Zennit first as the Zennit cross-check does. Nothing here is part of heatinv.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+import types
+
+import keras
+import numpy as np
+
+from heatinv.layers import PositionEmbedding
+from heatinv.lrp.graph import MODEL_INPUT, layer_graph
+
+LXT_MISSING = next(
+    (
+        f"{name} is not installed; the LXT cross-check needs torch and LXT: pip install -e \".[crosscheck]\" "
+        "then pip install --no-deps lxt==2.1 (the README's test command does both)"
+        for name in ("torch", "lxt")
+        if importlib.util.find_spec(name) is None
+    ),
+    None,
+)
+"""Why the cross-check cannot run here, or None when torch and LXT are installed."""
+
+
+def import_lxt() -> types.ModuleType:
+    """``lxt.efficient.patches``, imported without LXT's Hugging Face model maps."""
+    if "lxt.efficient.patches" in sys.modules:
+        return sys.modules["lxt.efficient.patches"]
+    if importlib.util.find_spec("zennit") is not None:
+        import zennit_models
+
+        zennit_models.import_zennit()
+    stub = None
+    if "lxt.efficient.models" not in sys.modules and importlib.util.find_spec("transformers") is None:
+        stub = types.ModuleType("lxt.efficient.models")
+        stub.get_default_map = lambda module: {}
+        sys.modules["lxt.efficient.models"] = stub
+    try:
+        return importlib.import_module("lxt.efficient.patches")
+    finally:
+        if stub is not None:
+            sys.modules.pop("lxt.efficient.models", None)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _tensor(value) -> object:
+    return _torch().tensor(np.asarray(value, dtype=np.float64))
+
+
+def tf_gelu(x):
+    """TensorFlow's float64 GELU: ``x`` times ``1/sqrt(2)`` rounded to float32, as ``tf.nn.gelu`` does."""
+    torch = _torch()
+    return 0.5 * x * (1.0 + torch.erf(x * float(np.float32(1.0 / math.sqrt(2.0)))))
+
+
+ACTIVATIONS = {
+    "gelu": tf_gelu,
+    "tanh": lambda x: _torch().tanh(x),
+    "silu": lambda x: x * _torch().sigmoid(x),
+    "relu": lambda x: _torch().relu(x),
+}
+
+
+class _Activation:
+    """Holder LXT's ``non_linear_forward`` reads: ``original_forward`` is the activation."""
+
+    def __init__(self, function):
+        self.original_forward = function
+
+
+class _LayerNorm:
+    """Holder LXT's ``layer_norm_forward`` reads: ``eps``, ``weight``, ``bias``."""
+
+    def __init__(self, layer: keras.layers.LayerNormalization):
+        self.eps = float(layer.epsilon)
+        self.weight = _tensor(layer.gamma.numpy()) if layer.scale else None
+        self.bias = _tensor(layer.beta.numpy()) if layer.center else None
+
+
+def eager_attention(module, query, key, value, mask, scale):
+    """Attention as Hugging Face's eager attention computes it: ``softmax(q k^T * scale) v``, masked."""
+    torch = _torch()
+    scores = torch.einsum("btnh,bsnh->bnts", query, key) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    return torch.einsum("bnts,bsnh->btnh", weights, value)
+
+
+class Twin:
+    """The Keras model's function in torch, with LXT's AttnLRP or CP-LRP on its backward pass.
+
+    Args:
+        model: a float64 Keras model of the layers this file knows.
+        attention: ``"attnlrp"`` or ``"cp"``.
+    """
+
+    def __init__(self, model: keras.Model, attention: str = "attnlrp"):
+        patches = import_lxt()
+        self.patches = patches
+        self.calls = layer_graph(model)
+        self.attend = (patches.wrap_attention_forward if attention == "attnlrp" else patches.cp_wrap_attention_forward)(
+            eager_attention
+        )
+        self.tokens = isinstance(self.calls[0].operation, keras.layers.Embedding)
+
+    def relevance(self, x: np.ndarray, targets) -> tuple[np.ndarray, np.ndarray]:
+        """(relevance, logits): relevance ``[batch, *input]`` for images, ``[batch, tokens]`` for token ids."""
+        torch = _torch()
+        if self.tokens:
+            leaf = None
+            values = {MODEL_INPUT: torch.tensor(np.asarray(x), dtype=torch.long)}
+        else:
+            leaf = torch.tensor(np.asarray(x, dtype=np.float64), requires_grad=True)
+            values = {MODEL_INPUT: leaf}
+        embedded = None
+        for index, call in enumerate(self.calls):
+            operands = [values[source] for source in call.sources]
+            out = self._run(call, operands)
+            if isinstance(call.operation, keras.layers.Embedding):
+                out = out.detach().requires_grad_(True)
+                embedded = out
+            values[index] = out
+        logits = values[len(self.calls) - 1]
+        selected = logits[torch.arange(len(targets)), torch.tensor(np.asarray(targets), dtype=torch.long)]
+        selected.sum().backward()
+        if self.tokens:
+            relevance = (embedded * embedded.grad).sum(-1)
+        else:
+            relevance = leaf * leaf.grad
+        return relevance.detach().numpy(), logits.detach().numpy()
+
+    def _run(self, call, operands):
+        torch = _torch()
+        layer = call.operation
+        p = self.patches
+        if isinstance(layer, keras.layers.Embedding):
+            return _tensor(layer.embeddings.numpy())[operands[0]]
+        if isinstance(layer, PositionEmbedding):
+            x = operands[0]
+            return x + _tensor(layer.embeddings.numpy())[: x.shape[1]]
+        if isinstance(layer, keras.layers.Conv2D):
+            kernel = _tensor(layer.kernel.numpy()).permute(3, 2, 0, 1)
+            z = torch.nn.functional.conv2d(operands[0].permute(0, 3, 1, 2), kernel, stride=tuple(layer.strides))
+            z = z.permute(0, 2, 3, 1)
+            return self._activate(z + _tensor(layer.bias.numpy()) if layer.use_bias else z, layer.activation)
+        if isinstance(layer, keras.layers.Dense):
+            z = operands[0] @ _tensor(layer.kernel.numpy())
+            return self._activate(z + _tensor(layer.bias.numpy()) if layer.use_bias else z, layer.activation)
+        if isinstance(layer, keras.layers.EinsumDense):
+            return self._activate(_einsum_dense(layer, operands[0]), layer.activation)
+        if isinstance(layer, keras.layers.LayerNormalization):
+            return p.layer_norm_forward(_LayerNorm(layer), operands[0])
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            return self._attention(layer, call, operands)
+        if isinstance(layer, keras.layers.Add):
+            return operands[0] + operands[1]
+        if isinstance(layer, keras.layers.GlobalAveragePooling1D):
+            return operands[0].mean(dim=1)
+        if isinstance(layer, (keras.layers.Reshape, keras.layers.Flatten)):
+            x = operands[0]
+            shape = (-1,) if isinstance(layer, keras.layers.Flatten) else tuple(layer.target_shape)
+            return x.reshape((x.shape[0], *shape))
+        if isinstance(layer, keras.layers.Permute):
+            return operands[0].permute(0, *layer.dims)
+        if type(layer).__name__ == "GetItem":
+            return operands[0][call.arguments.args[1]]
+        raise NotImplementedError(f"The LXT twin has no torch version of {type(layer).__name__} {layer.name!r}.")
+
+    def _activate(self, z, activation):
+        name = activation.__name__
+        if name == "linear":
+            return z
+        return self.patches.non_linear_forward(_Activation(ACTIVATIONS[name]), z)
+
+    def _attention(self, layer, call, operands):
+        torch = _torch()
+        arguments = call.arguments
+        given = dict(zip(("query", "value", "key"), arguments.args))
+        given.update({k: v for k, v in arguments.kwargs.items() if k in ("query", "value", "key")})
+        source_of = {id(t): operand for t, operand in zip(arguments.keras_tensors, operands)}
+        query, value = source_of[id(given["query"])], source_of[id(given["value"])]
+        key = source_of[id(given["key"])] if given.get("key") is not None else value
+        q = _einsum_dense(layer.query_dense, query)
+        k = _einsum_dense(layer.key_dense, key)
+        v = _einsum_dense(layer.value_dense, value)
+        mask = None
+        if arguments.kwargs.get("use_causal_mask"):
+            t, s = q.shape[1], k.shape[1]
+            mask = torch.ones(t, s, dtype=torch.bool).tril()[None, None]
+        context = self.attend(layer, q, k, v, mask, keras_scale(layer))
+        return _einsum_dense(layer.output_dense, context)
+
+
+def keras_scale(layer: keras.layers.MultiHeadAttention) -> float:
+    """The ``1/sqrt(key_dim)`` a float64 MultiHeadAttention multiplies by: Keras casts the Python float
+    through float32 (fused path, dropout 0) or through its floatx (einsum path)."""
+    exact = 1.0 / math.sqrt(float(layer.key_dim))
+    through = "float32" if layer.dropout == 0 else keras.config.floatx()
+    return float(np.asarray(exact, dtype=through))
+
+
+def _einsum_dense(layer: keras.layers.EinsumDense, x):
+    torch = _torch()
+    z = torch.einsum(layer.equation, x, _tensor(layer.kernel.numpy()))
+    return z + _tensor(layer.bias.numpy()) if layer.bias is not None else z
