@@ -104,6 +104,12 @@ APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2", "densenet1
 10 classes on uniform random inputs (the target: the heatmap of the same architecture with other
 initial weights); the inverse step, ``keras_fit``, the heatmap and forward+backward variants run on them."""
 APPLICATION_VARIANTS = ("compiled", "keras_fit", "heatmap_only", "heatmap_only_xla", "forward_backward", "forward_backward_xla")
+TRANSFORMERS = {"vit": "a ViT on 28x28x1 (4x4 patches: 49 tokens)", "text": "a text encoder of 64 token ids (vocabulary 1000)"}
+"""heatinv.transformers models (``--models vit,text``): width 64, 4 blocks of 4 heads, 10 classes, random
+weights and inputs (the text's ids padded after a random length of 16 to 64); the same variants as the
+applications. For the text model, ``forward_backward`` differentiates the logit with respect to the
+embedding table: the whole backward pass to the token vectors, as an input gradient would be."""
+TRANSFORMER_COMPOSITES = ("attnlrp", "cp_lrp")
 COMPOSITES = ("epsilon", "epsilon_gamma_box")
 BATCHES = (1, 64, 256)
 DEFAULT_OUT = os.path.join("outputs", "bench", "bench.json")
@@ -229,6 +235,26 @@ def _data(case: Case, dataset):
     from heatinv.lrp import LRP
     from heatinv.models import Architecture, build_model
 
+    if case.model in TRANSFORMERS:
+        import keras
+
+        from heatinv import transformers
+
+        rng = np.random.default_rng(0)
+        if case.model == "vit":
+            build = lambda: transformers.vit((28, 28, 1), 10)  # noqa: E731
+            x = rng.uniform(size=(case.batch, 28, 28, 1)).astype("float32")
+        else:
+            build = lambda: transformers.text_classifier(64, 1000, 10)  # noqa: E731
+            x = rng.integers(1, 1000, (case.batch, 64)).astype("int32")
+            x[np.arange(64)[None] >= rng.integers(16, 65, case.batch)[:, None]] = 0
+        keras.utils.set_random_seed(0)
+        student = build()
+        keras.utils.set_random_seed(1)
+        reference = build()
+        x, y = tf.constant(x), tf.constant(rng.integers(0, 10, case.batch).astype("int32"))
+        return student, x, y, tf.constant(LRP(reference, case.composite)(x, y))
+
     if case.model in APPLICATIONS:
         import keras
 
@@ -316,11 +342,14 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
         elif variant in ("forward_backward", "forward_backward_xla"):
 
             def forward_backward(x, y, model=model):
+                # the tables looked up inside: a tf.function would take a list argument's variables as tensors
+                tables = [layer.embeddings for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
                 with tf.GradientTape() as tape:
-                    tape.watch(x)
+                    if not tables:
+                        tape.watch(x)
                     logits = model(x, training=False)
                     score = tf.reduce_sum(logits * tf.one_hot(y, logits.shape[-1], dtype=logits.dtype))
-                grad = tape.gradient(score, x)
+                grad = tf.convert_to_tensor(tape.gradient(score, tables[0] if tables else x))
                 return grad, tf.reduce_sum(grad)
 
             jit = variant.endswith("_xla")
@@ -404,7 +433,7 @@ def ratios(records: list[dict]) -> list[dict]:
     machine shared with other work disturbs less.
     """
     out = []
-    order = lambda c: (MODELS.index(c[0]) if c[0] in MODELS else len(MODELS), c[1], c[2])  # noqa: E731
+    order = lambda c: (MODELS.index(c[0]) if c[0] in MODELS else len(MODELS), c[0], c[1], c[2])  # noqa: E731
     cases = sorted({(r["model"], r["composite"], r["batch"]) for r in records}, key=order)
     inverse = ("compiled", "compiled_xla", "multi_step", "multi_step_xla", "multi_step_xla_loop")
 
@@ -435,7 +464,7 @@ def ratios(records: list[dict]) -> list[dict]:
                 if get(name):
                     add(f"{name} steps/s at batch 1", get(name), None, ">=", GOAL_MULTI_STEP_PER_SECOND, name)
         goal = GOAL_APPLICATION_HEATMAP_RATIO if model in APPLICATIONS else GOAL_HEATMAP_RATIO
-        if batch in (64, 256) or model in APPLICATIONS:
+        if batch in (64, 256) or model in APPLICATIONS or model in TRANSFORMERS:
             fit, keras_best = get("keras_fit"), best(("keras_fit", "keras_fit_multi", "keras_fit_xla"))
             if default and fit:
                 add("default step / keras_fit", default, fit, "<=", GOAL_KERAS_RATIO, "compiled / keras_fit")
@@ -519,11 +548,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a CI smoke run: mlp, epsilon, batch 1 and 64, 3 short repeats")
     parser.add_argument(
         "--models",
-        type=_list(str, MODELS + tuple(APPLICATIONS)),
+        type=_list(str, MODELS + tuple(APPLICATIONS) + tuple(TRANSFORMERS)),
         default=None,
-        help=f"comma-separated (default: mlp,cnn; also {','.join(APPLICATIONS)})",
+        help=f"comma-separated (default: mlp,cnn; also {','.join(APPLICATIONS)},{','.join(TRANSFORMERS)})",
     )
-    parser.add_argument("--composites", type=_list(str), default=None, help="comma-separated composite names (default: epsilon,epsilon_gamma_box)")
+    parser.add_argument(
+        "--composites", type=_list(str), default=None,
+        help=f"comma-separated composite names (default: {','.join(COMPOSITES)}; {','.join(TRANSFORMER_COMPOSITES)} for "
+        f"{','.join(TRANSFORMERS)})",
+    )
     parser.add_argument("--batches", type=_list(int), default=None, help="comma-separated (default: 1,64,256)")
     parser.add_argument("--variants", type=_list(str, VARIANTS), default=None, help="comma-separated (default: all)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved timing blocks per variant (default 5; quick 3)")
@@ -547,6 +580,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--composites: {unknown} not in {sorted(NAMED)}")
     quick = args.quick
     args.models = args.models or (("mlp",) if quick else MODELS)
+    args.composites_given = args.composites is not None
     args.composites = args.composites or (("epsilon",) if quick else COMPOSITES)
     args.batches = args.batches or ((1, 64) if quick else BATCHES)
     if args.main_job is None:
@@ -662,7 +696,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     )
     records: list[dict] = []
     for model in args.models:
-        for composite in args.composites:
+        composites = TRANSFORMER_COMPOSITES if model in TRANSFORMERS and not args.composites_given else args.composites
+        for composite in composites:
             for batch in args.batches:
                 case = Case(model, composite, batch)
                 started = time.perf_counter()
@@ -670,7 +705,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
                     v
                     for v in args.variants
                     if not (args.all_variants and (model, v) in SKIPPED_BY_DEFAULT)
-                    and (model not in APPLICATIONS or v in APPLICATION_VARIANTS)
+                    and (model not in APPLICATIONS and model not in TRANSFORMERS or v in APPLICATION_VARIANTS)
                 )
                 runners = make_runners(case, dataset, variants, args.steps_per_execution)
                 case_records = measure(case, runners, args.repeats, args.min_time)

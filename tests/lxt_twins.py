@@ -21,6 +21,10 @@ HWIO kernel as OIHW on NCHW. The twin is checked first: its logits equal Keras's
 Relevance of an image model: ``x * x.grad``. Of a token model: the embedding output times its
 gradient, summed over the embedding dimension (how LXT's examples report tokens).
 
+Keras masks: the twin computes the masks Keras records in the graph (``ids != 0`` for a
+GlobalAveragePooling1D's mean) but not the ones Keras passes at run time to an attention, so
+it computes the Keras model only for inputs without padding.
+
 ``lxt/efficient/__init__.py`` imports LXT's Hugging Face model maps, which import
 transformers, and its Zennit patches, which import Zennit (and so torchvision, whose wheel does
 not load against torch's CPU build); :func:`import_lxt` puts an empty stand-in for
@@ -80,8 +84,8 @@ def _torch():
     return torch
 
 
-def _tensor(value) -> object:
-    return _torch().tensor(np.asarray(value, dtype=np.float64))
+def _tensor(value, dtype: str = "float64") -> object:
+    return _torch().tensor(np.asarray(value, dtype=dtype))
 
 
 def tf_gelu(x):
@@ -108,10 +112,10 @@ class _Activation:
 class _LayerNorm:
     """Holder LXT's ``layer_norm_forward`` reads: ``eps``, ``weight``, ``bias``."""
 
-    def __init__(self, layer: keras.layers.LayerNormalization):
+    def __init__(self, layer: keras.layers.LayerNormalization, dtype: str):
         self.eps = float(layer.epsilon)
-        self.weight = _tensor(layer.gamma.numpy()) if layer.scale else None
-        self.bias = _tensor(layer.beta.numpy()) if layer.center else None
+        self.weight = _tensor(layer.gamma.numpy(), dtype) if layer.scale else None
+        self.bias = _tensor(layer.beta.numpy(), dtype) if layer.center else None
 
 
 def eager_attention(module, query, key, value, mask, scale):
@@ -130,18 +134,29 @@ class Twin:
     """The Keras model's function in torch, with LXT's AttnLRP or CP-LRP on its backward pass.
 
     Args:
-        model: a float64 Keras model of the layers this file knows.
+        model: a Keras model of the layers this file knows (float64 for the cross-check).
         attention: ``"attnlrp"`` or ``"cp"``.
+        dtype: the twin's weights' and inputs' dtype (``"float32"`` for timing against heatinv).
+        rules: False for the plain gradient (LXT's rules left out), the yardstick of a timing.
     """
 
-    def __init__(self, model: keras.Model, attention: str = "attnlrp"):
+    def __init__(self, model: keras.Model, attention: str = "attnlrp", dtype: str = "float64", rules: bool = True):
         patches = import_lxt()
-        self.patches = patches
+        self.patches, self.dtype, self.rules = patches, dtype, rules
         self.calls = layer_graph(model)
-        self.attend = (patches.wrap_attention_forward if attention == "attnlrp" else patches.cp_wrap_attention_forward)(
-            eager_attention
-        )
+        wrap = patches.wrap_attention_forward if attention == "attnlrp" else patches.cp_wrap_attention_forward
+        self.attend = wrap(eager_attention) if rules else eager_attention
         self.tokens = isinstance(self.calls[0].operation, keras.layers.Embedding)
+        # Every weight converted once, in Keras's layout: x @ W for [in, out] kernels, einsum for the others.
+        self.weights = {
+            variable.path: _tensor(variable.numpy(), dtype)
+            for call in self.calls if isinstance(call.operation, keras.layers.Layer)
+            for variable in call.operation.weights
+        }
+        self.norms = {
+            call.operation.name: _LayerNorm(call.operation, dtype)
+            for call in self.calls if isinstance(call.operation, keras.layers.LayerNormalization)
+        }
 
     def relevance(self, x: np.ndarray, targets) -> tuple[np.ndarray, np.ndarray]:
         """(relevance, logits): relevance ``[batch, *input]`` for images, ``[batch, tokens]`` for token ids."""
@@ -150,7 +165,7 @@ class Twin:
             leaf = None
             values = {MODEL_INPUT: torch.tensor(np.asarray(x), dtype=torch.long)}
         else:
-            leaf = torch.tensor(np.asarray(x, dtype=np.float64), requires_grad=True)
+            leaf = torch.tensor(np.asarray(x, dtype=self.dtype), requires_grad=True)
             values = {MODEL_INPUT: leaf}
         embedded = None
         for index, call in enumerate(self.calls):
@@ -169,33 +184,50 @@ class Twin:
             relevance = leaf * leaf.grad
         return relevance.detach().numpy(), logits.detach().numpy()
 
+    def _weight(self, variable):
+        return self.weights[variable.path]
+
     def _run(self, call, operands):
         torch = _torch()
         layer = call.operation
         p = self.patches
         if isinstance(layer, keras.layers.Embedding):
-            return _tensor(layer.embeddings.numpy())[operands[0]]
+            return self._weight(layer.embeddings)[operands[0]]
         if isinstance(layer, PositionEmbedding):
             x = operands[0]
-            return x + _tensor(layer.embeddings.numpy())[: x.shape[1]]
+            return x + self._weight(layer.embeddings)[: x.shape[1]]
         if isinstance(layer, keras.layers.Conv2D):
-            kernel = _tensor(layer.kernel.numpy()).permute(3, 2, 0, 1)
+            kernel = self._weight(layer.kernel).permute(3, 2, 0, 1)
             z = torch.nn.functional.conv2d(operands[0].permute(0, 3, 1, 2), kernel, stride=tuple(layer.strides))
             z = z.permute(0, 2, 3, 1)
-            return self._activate(z + _tensor(layer.bias.numpy()) if layer.use_bias else z, layer.activation)
+            return self._activate(z + self._weight(layer.bias) if layer.use_bias else z, layer.activation)
         if isinstance(layer, keras.layers.Dense):
-            z = operands[0] @ _tensor(layer.kernel.numpy())
-            return self._activate(z + _tensor(layer.bias.numpy()) if layer.use_bias else z, layer.activation)
+            z = operands[0] @ self._weight(layer.kernel)
+            return self._activate(z + self._weight(layer.bias) if layer.use_bias else z, layer.activation)
         if isinstance(layer, keras.layers.EinsumDense):
-            return self._activate(_einsum_dense(layer, operands[0]), layer.activation)
+            return self._activate(self._einsum_dense(layer, operands[0]), layer.activation)
         if isinstance(layer, keras.layers.LayerNormalization):
-            return p.layer_norm_forward(_LayerNorm(layer), operands[0])
+            norm = self.norms[layer.name]
+            if not self.rules:
+                return torch.nn.functional.layer_norm(operands[0], operands[0].shape[-1:], norm.weight, norm.bias, norm.eps)
+            return p.layer_norm_forward(norm, operands[0])
         if isinstance(layer, keras.layers.MultiHeadAttention):
             return self._attention(layer, call, operands)
         if isinstance(layer, keras.layers.Add):
             return operands[0] + operands[1]
         if isinstance(layer, keras.layers.GlobalAveragePooling1D):
+            if len(operands) == 2:  # the mask Keras recorded as its argument
+                weights = operands[1].to(operands[0].dtype)[..., None]
+                return (operands[0] * weights).sum(dim=1) / weights.sum(dim=1)
             return operands[0].mean(dim=1)
+        if call.boolean:  # a Keras mask's op: ids != 0, masks combined
+            name = type(layer).__name__
+            if name == "NotEqual":
+                return operands[0] != call.arguments.args[1]
+            if name == "LogicalOr":
+                return operands[0] | operands[1]
+            if name == "LogicalAnd":
+                return operands[0] & operands[1]
         if isinstance(layer, (keras.layers.Reshape, keras.layers.Flatten)):
             x = operands[0]
             shape = (-1,) if isinstance(layer, keras.layers.Flatten) else tuple(layer.target_shape)
@@ -210,6 +242,8 @@ class Twin:
         name = activation.__name__
         if name == "linear":
             return z
+        if not self.rules:
+            return ACTIVATIONS[name](z)
         return self.patches.non_linear_forward(_Activation(ACTIVATIONS[name]), z)
 
     def _attention(self, layer, call, operands):
@@ -220,15 +254,19 @@ class Twin:
         source_of = {id(t): operand for t, operand in zip(arguments.keras_tensors, operands)}
         query, value = source_of[id(given["query"])], source_of[id(given["value"])]
         key = source_of[id(given["key"])] if given.get("key") is not None else value
-        q = _einsum_dense(layer.query_dense, query)
-        k = _einsum_dense(layer.key_dense, key)
-        v = _einsum_dense(layer.value_dense, value)
+        q = self._einsum_dense(layer.query_dense, query)
+        k = self._einsum_dense(layer.key_dense, key)
+        v = self._einsum_dense(layer.value_dense, value)
         mask = None
         if arguments.kwargs.get("use_causal_mask"):
             t, s = q.shape[1], k.shape[1]
             mask = torch.ones(t, s, dtype=torch.bool).tril()[None, None]
         context = self.attend(layer, q, k, v, mask, keras_scale(layer))
-        return _einsum_dense(layer.output_dense, context)
+        return self._einsum_dense(layer.output_dense, context)
+
+    def _einsum_dense(self, layer: keras.layers.EinsumDense, x):
+        z = _torch().einsum(layer.equation, x, self._weight(layer.kernel))
+        return z + self._weight(layer.bias) if layer.bias is not None else z
 
 
 def keras_scale(layer: keras.layers.MultiHeadAttention) -> float:
@@ -239,7 +277,3 @@ def keras_scale(layer: keras.layers.MultiHeadAttention) -> float:
     return float(np.asarray(exact, dtype=through))
 
 
-def _einsum_dense(layer: keras.layers.EinsumDense, x):
-    torch = _torch()
-    z = torch.einsum(layer.equation, x, _tensor(layer.kernel.numpy()))
-    return z + _tensor(layer.bias.numpy()) if layer.bias is not None else z

@@ -368,3 +368,30 @@ def test_peak_rss_is_the_kernels_high_water_mark_in_mib():
         pytest.skip("needs Linux's /proc")
     # the two counters are kept apart by the kernel and differ by a page or so
     assert bench.peak_rss_mb() == pytest.approx(high_water_mib(), rel=0.05)
+
+
+@pytest.mark.parametrize("model", ["vit", "text"])
+def test_transformer_cases_run_every_application_variant(model):
+    """The bench's transformers: each variant runs and reads a finite scalar (the text's gradient is the embedding table's)."""
+    runners = bench.make_runners(bench.Case(model, "attnlrp", 2), None, bench.APPLICATION_VARIANTS, 1)
+    assert [r.variant for r in runners] == list(bench.APPLICATION_VARIANTS)
+    for runner in runners:
+        value = runner.call()
+        assert math.isfinite(value), runner.variant
+    values = {r.variant: r.call() for r in runners if r.variant.startswith("forward_backward")}
+    assert values["forward_backward"] != 0.0
+
+
+def test_transformers_take_their_composites_unless_named(monkeypatch, tmp_path):
+    import heatinv.data
+
+    seen = []
+    monkeypatch.setattr(bench, "make_runners", lambda case, dataset, variants, n: seen.append((case.model, case.composite)) or [])
+    monkeypatch.setattr(bench, "measure", lambda case, runners, repeats, min_time: [])
+    monkeypatch.setattr(heatinv.data, "load_digits", lambda: None)
+    out = str(tmp_path / "bench.json")
+    bench.run(parse_args(["--models", "mlp,vit", "--batches", "16", "--main-job", "0", "--out", out]))
+    assert seen == [("mlp", "epsilon"), ("mlp", "epsilon_gamma_box"), ("vit", "attnlrp"), ("vit", "cp_lrp")]
+    seen.clear()
+    bench.run(parse_args(["--models", "vit", "--composites", "epsilon", "--batches", "16", "--main-job", "0", "--out", out]))
+    assert seen == [("vit", "epsilon")]

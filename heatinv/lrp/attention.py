@@ -43,19 +43,23 @@ class AttentionValues:
 
     Attributes:
         inputs: the query, value and key inputs ``[batch, tokens, dim]``.
+        products: the query, key and value projections' ``x W`` (no bias), for their rules.
         projected: ``q / sqrt(key_dim)``, ``k``, ``v``: ``[batch, tokens, heads, dim]``.
         scores: ``S``, ``[batch, heads, query tokens, key tokens]``, before masking.
         mask: where attention is allowed, broadcastable to ``S``, or None.
         weights: ``A``, masked positions 0.
         context: ``O = A v``, ``[batch, query tokens, heads, value_dim]``.
+        output_product: ``O W_o`` (no bias).
     """
 
     inputs: tuple[tf.Tensor, tf.Tensor, tf.Tensor]
+    products: tuple[tf.Tensor, tf.Tensor, tf.Tensor]
     projected: tuple[tf.Tensor, tf.Tensor, tf.Tensor]
     scores: tf.Tensor
     mask: tf.Tensor | None
     weights: tf.Tensor
     context: tf.Tensor
+    output_product: tf.Tensor
 
 
 @dataclass
@@ -95,7 +99,12 @@ class Attention:
         key = value if key is None else key
         query_map, key_map, value_map, _ = self.projections
         dtype = query.dtype
-        q, k, v = (linear.affine(x, *linear.params(dtype)) for linear, x in ((query_map, query), (key_map, key), (value_map, value)))
+        products, projected = [], []
+        for linear, x in ((query_map, query), (key_map, key), (value_map, value)):
+            kernel, bias = linear.params(dtype)
+            products.append(linear.affine(x, kernel, None))
+            projected.append(products[-1] + bias)
+        q, k, v = projected
         q = q * self.scale(dtype)
         scores = tf.einsum(self.layer._dot_product_equation, k, q)
         mask = self._mask(query, key, *masks)
@@ -105,7 +114,9 @@ class Attention:
         if mask is not None and not fused:
             weights = tf.where(mask, weights, tf.zeros_like(weights))
         context = tf.einsum(self.layer._combine_equation, weights, v)
-        return AttentionValues((query, value, key), (q, k, v), scores, mask, weights, context)
+        output_map = self.projections[3]
+        output_product = output_map.affine(context, output_map.params(dtype)[0], None)
+        return AttentionValues((query, value, key), tuple(products), (q, k, v), scores, mask, weights, context, output_product)
 
     def scale(self, dtype: tf.DType) -> tf.Tensor:
         """``1 / sqrt(key_dim)`` in ``dtype`` as the layer computes it.
@@ -122,8 +133,7 @@ class Attention:
 
     def output(self, values: AttentionValues) -> tf.Tensor:
         """The layer's output from its kept values: ``O W_o + b_o``."""
-        output_map = self.projections[3]
-        return output_map.affine(values.context, *output_map.params(values.context.dtype))
+        return values.output_product + self.projections[3].params(values.context.dtype)[1]
 
     def _mask(self, query: tf.Tensor, key: tf.Tensor, query_mask=None, value_mask=None, key_mask=None) -> tf.Tensor | None:
         """Where attention is allowed, ``[batch or 1, 1, T, S]``, as Keras combines its masks; or None.
@@ -162,25 +172,29 @@ class Attention:
         """
         query_map, key_map, value_map, output_map = self.projections
         dtype = relevance.dtype
-        context = values.context
-        to_context = rule(context, *output_map.params(dtype), relevance, output_map)
+
+        def through(linear, x, r, product):
+            if r is None:
+                return None
+            known = {"product": product} if rule.takes_product else {}
+            return rule(x, *linear.params(dtype), r, linear, **known)
+
+        to_context = through(output_map, values.context, relevance, values.output_product)
         q, k, v = values.projected
+        combine, dot_product = self.layer._combine_equation, self.layer._dot_product_equation
         if attention == "cp":
-            _, to_v = uniform_rule(self.layer._combine_equation, values.weights, v, to_context, stabilizer, (0.0, 1.0))
+            _, to_v = uniform_rule(combine, values.weights, v, to_context, stabilizer, (0.0, 1.0), product=values.context)
             to_q = to_k = None
         else:
-            to_weights, to_v = uniform_rule(self.layer._combine_equation, values.weights, v, to_context, stabilizer)
+            to_weights, to_v = uniform_rule(combine, values.weights, v, to_context, stabilizer, product=values.context)
             to_scores = softmax_rule(values.scores, values.weights, to_weights)
             if values.mask is not None:
                 to_scores = tf.where(values.mask, to_scores, tf.zeros_like(to_scores))
-            to_k, to_q = uniform_rule(self.layer._dot_product_equation, k, q, to_scores, stabilizer)
+            to_k, to_q = uniform_rule(dot_product, k, q, to_scores, stabilizer, product=values.scores)
         query, value, key = values.inputs
-
-        def through(linear, x, r):
-            return None if r is None else rule(x, *linear.params(dtype), r, linear)
-
-        shares = [through(query_map, query, to_q), through(value_map, value, to_v)]
-        to_key = through(key_map, key, to_k)
+        q_product, k_product, v_product = values.products
+        shares = [through(query_map, query, to_q, q_product), through(value_map, value, to_v, v_product)]
+        to_key = through(key_map, key, to_k, k_product)
         if len(self.sources) == 3:
             return [*shares, to_key]
         if to_key is not None:  # the key input is the value input

@@ -539,16 +539,19 @@ def layer_norm_rule(
 
 
 def uniform_rule(
-    equation: str, x: tf.Tensor, y: tf.Tensor, relevance: tf.Tensor, stabilizer: float, shares: tuple[float, float] = (0.5, 0.5)
+    equation: str, x: tf.Tensor, y: tf.Tensor, relevance: tf.Tensor, stabilizer: float, shares: tuple[float, float] = (0.5, 0.5),
+    product: tf.Tensor | None = None,
 ) -> tuple[tf.Tensor | None, tf.Tensor | None]:
     """A product of two tensors ``z = einsum(equation, x, y)`` (``q k^T``, ``A v``): each factor's LRP-0 share.
 
     ``R_x = shares[0] * x * J_x^T (R / stab(z))`` with ``J_x`` the product's Jacobian in ``x`` (``y``
     held fixed), and ``R_y`` likewise. AttnLRP's uniform rule gives each factor half
     (``shares=(0.5, 0.5)``); CP-LRP holds the attention weights constant, so ``A v`` gives
-    ``v`` all (``(0.0, 1.0)``). A factor with share 0 gets None.
+    ``v`` all (``(0.0, 1.0)``). A factor with share 0 gets None. ``product``: ``z``, where the
+    forward pass has it.
     """
-    s = stabilized_ratio(relevance, tf.einsum(equation, x, y), stabilizer)
+    z = tf.einsum(equation, x, y) if product is None else product
+    s = stabilized_ratio(relevance, z, stabilizer)
     to_x = None if shares[0] == 0 else shares[0] * x * einsum.adjoint(equation, s, y, x, operand=0)
     to_y = None if shares[1] == 0 else shares[1] * y * einsum.adjoint(equation, s, x, y, operand=1)
     return to_x, to_y

@@ -1,0 +1,173 @@
+"""heatinv's AttnLRP heatmap and LXT's side by side: same transformer, weights, batch, composite and threads.
+
+    python scripts/bench_lxt.py                        # the bench's vit and text models, batch 16, attnlrp
+    python scripts/bench_lxt.py --models vit --batch 2 --repeats 1 --min-time 0   # a smoke run
+
+Needs torch and LXT (the README's test command installs both) and a source checkout: the
+PyTorch twin of each Keras model is ``tests/lxt_twins.py``'s, the code the cross-check tests
+verify, which runs each Keras call as torch ops and LXT 2.1's own rules (float32 here).
+The models are ``python -m heatinv.bench``'s ``vit`` and ``text`` (:mod:`heatinv.transformers`:
+width 64, 4 blocks of 4 heads); the text's ids have no padding (the twin has no Keras masks).
+2 threads each (TensorFlow's intra- and inter-op pools, ``torch.set_num_threads``). Timing is
+heatinv's bench's: a warm-up, then interleaved blocks of at least ``--min-time`` seconds,
+``--repeats`` times; medians.
+
+Variants (milliseconds per batch):
+
+``heatmap_only``, ``heatmap_only_xla``
+    heatinv's compiled heatmap (``LRP.__call__`` in ``tf.function``, without and with XLA).
+``lxt_heatmap``
+    the twin's forward pass and LXT's modified backward pass, eager PyTorch, relevance taken
+    as LXT's users take it (input times gradient; for tokens, at the embedding output).
+``forward_backward``, ``torch_forward_backward``
+    the plain gradient of the explained logits with respect to the input (for tokens, the
+    embedding output) in each framework: the yardstick that tells the frameworks' own speed
+    apart from the LRP engines' (the twin with LXT's rules switched off: plain attention,
+    LayerNorm and activations).
+
+Before timing, each case checks that the two heatmaps agree (float32: ``relative_error``,
+recorded with the LXT variant). Writes ``--out`` (default ``outputs/bench/lxt.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("vit", "text")
+COMPOSITES = {"attnlrp": "attnlrp", "cp_lrp": "cp"}
+"""heatinv's composite -> the twin's attention rule (LXT's ``wrap_attention_forward`` or its CP-LRP wrapper)."""
+THREADS = 2
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python scripts/bench_lxt.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of vit,text (default: both)")
+    parser.add_argument("--composites", default="attnlrp", help=f"comma-separated, of {','.join(COMPOSITES)} (default: attnlrp)")
+    parser.add_argument("--batch", type=int, default=16, help="examples per heatmap call (default 16)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing blocks per variant (default 5)")
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timing block (default 0.2)")
+    parser.add_argument("--out", default=os.path.join("outputs", "bench", "lxt.json"), help="the JSON file to write")
+    args = parser.parse_args(argv)
+    args.models = tuple(m for m in args.models.split(",") if m)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown or not args.models:
+        parser.error(f"--models: {unknown or 'none'} not in {list(MODELS)}")
+    args.composites = tuple(c for c in args.composites.split(",") if c)
+    unknown = [c for c in args.composites if c not in COMPOSITES]
+    if unknown or not args.composites:
+        parser.error(f"--composites: {unknown or 'none'} not in {list(COMPOSITES)}")
+    if args.batch < 1 or args.repeats < 1 or args.min_time < 0:
+        parser.error("--batch and --repeats must be positive, --min-time non-negative")
+    return args
+
+
+def case_data(name: str, batch: int):
+    """The Keras model (seeded) and a batch for it: images in [0, 1], or ids 1..999 without padding."""
+    import keras
+    import numpy as np
+
+    from heatinv import transformers
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    if name == "vit":
+        return transformers.vit((28, 28, 1), 10), rng.uniform(size=(batch, 28, 28, 1)).astype("float32")
+    return transformers.text_classifier(64, 1000, 10), rng.integers(1, 1000, (batch, 64)).astype("int32")
+
+
+def make_runners(name: str, composite: str, batch: int):
+    """The runners of one case and the float32 relative L2 error between the two heatmaps."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import lxt_twins
+    from heatinv.bench import Runner
+    from heatinv.lrp import LRP
+
+    model, x_np = case_data(name, batch)
+    y_np = np.random.default_rng(1).integers(0, 10, batch)
+    x, y = tf.constant(x_np), tf.constant(y_np, tf.int32)
+    explainer = LRP(model, composite)
+    twin = lxt_twins.Twin(model, COMPOSITES[composite], dtype="float32")
+
+    def heatmap(x, y):
+        R = explainer(x, y)
+        return R, tf.reduce_sum(R)
+
+    expected, _ = twin.relevance(x_np, y_np)
+    actual = heatmap(x, y)[0].numpy()
+    error = float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+    tables = [layer.embeddings for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+
+    def forward_backward(x, y):
+        with tf.GradientTape() as tape:
+            if not tables:
+                tape.watch(x)
+            logits = model(x, training=False)
+            score = tf.reduce_sum(logits * tf.one_hot(y, logits.shape[-1], dtype=logits.dtype))
+        grad = tf.convert_to_tensor(tape.gradient(score, tables[0] if tables else x))
+        return grad, tf.reduce_sum(grad)
+
+    plain = lxt_twins.Twin(model, COMPOSITES[composite], dtype="float32", rules=False)
+    runners = [
+        Runner("heatmap_only", lambda f=tf.function(heatmap, reduce_retracing=True): float(f(x, y)[1]), 1, "function"),
+        Runner(
+            "heatmap_only_xla", lambda f=tf.function(heatmap, jit_compile=True, reduce_retracing=True): float(f(x, y)[1]), 1, "xla"
+        ),
+        Runner("lxt_heatmap", lambda: float(twin.relevance(x_np, y_np)[0].sum()), 1, "torch eager"),
+        Runner("forward_backward", lambda f=tf.function(forward_backward, reduce_retracing=True): float(f(x, y)[1]), 1, "function"),
+        Runner("torch_forward_backward", lambda: float(plain.relevance(x_np, y_np)[0].sum()), 1, "torch eager"),
+    ]
+    return runners, error
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import tensorflow as tf
+
+    # Thread pools are fixed before TensorFlow or PyTorch runs any op.
+    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+    tf.config.threading.set_inter_op_parallelism_threads(THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
+    torch.set_num_interop_threads(THREADS)
+
+    from heatinv.bench import Case, measure, table, write_json
+
+    print(f"heatinv vs LXT: TF {tf.__version__}, torch {torch.__version__}, {THREADS} threads each, "
+          f"batch {args.batch}, repeats {args.repeats}, min block {args.min_time:g} s", flush=True)
+    records = []
+    for name in args.models:
+        for composite in args.composites:
+            runners, error = make_runners(name, composite, args.batch)
+            case_records = measure(Case(name, composite, args.batch), runners, args.repeats, args.min_time)
+            for record in case_records:
+                record["relative_error"] = error
+            records.extend(case_records)
+            print(f"  {name} {composite}: heatinv vs LXT heatmap, float32 relative L2 error {error:.1e}", flush=True)
+            write_json(args.out, records)
+    print(table(records))
+    for name, composite in ((n, c) for n in args.models for c in args.composites):
+        ms = {r["variant"]: r["ms_median"] for r in records if r["model"] == name and r["composite"] == composite}
+        print(
+            f"{name} {composite}: lxt_heatmap / heatmap_only {ms['lxt_heatmap'] / ms['heatmap_only']:.2f}, "
+            f"/ heatmap_only_xla {ms['lxt_heatmap'] / ms['heatmap_only_xla']:.2f} (goal >= 1: heatinv at least as fast); "
+            f"torch_forward_backward / forward_backward {ms['torch_forward_backward'] / ms['forward_backward']:.2f}"
+        )
+    print(f"\nwrote {args.out}", flush=True)
+    return records
+
+
+def main(argv=None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
