@@ -118,3 +118,22 @@ def images(batch: int = 2, seed: int = 1, image: int = 8) -> np.ndarray:
 def token_ids(batch: int = 2, seed: int = 1, tokens: int = 6, vocab: int = 20) -> np.ndarray:
     """Inputs for :func:`text`: int32 ids."""
     return np.random.default_rng(seed).integers(0, vocab, (batch, tokens)).astype("int32")
+
+
+def hub_text(dtype: str = "float64", seed: int = 0, *, normalize_first=False, mask_zero=True, dropout=0.0,
+             positions="joint") -> keras.Model:
+    """A text classifier of keras-hub layers: TokenAndPositionEmbedding (or Embedding plus PositionEmbedding,
+    ``positions="separate"``), two TransformerEncoders with GELU, a mean over the tokens. Needs keras-hub."""
+    import keras_hub
+
+    ids = keras.Input((8,), dtype="int32")
+    if positions == "joint":
+        x = keras_hub.layers.TokenAndPositionEmbedding(50, 8, 8, mask_zero=mask_zero, dtype=dtype)(ids)
+    else:
+        vectors = keras.layers.Embedding(50, 8, mask_zero=mask_zero, dtype=dtype)(ids)
+        x = vectors + keras_hub.layers.PositionEmbedding(8, dtype=dtype)(vectors)
+    for _ in range(2):
+        x = keras_hub.layers.TransformerEncoder(16, 2, normalize_first=normalize_first, dropout=dropout, activation="gelu",
+                                                dtype=dtype)(x)
+    x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x)
+    return randomize(keras.Model(ids, keras.layers.Dense(3, dtype=dtype)(x), name="hub_text"), seed)

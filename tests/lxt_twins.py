@@ -146,17 +146,18 @@ class Twin:
         self.calls = layer_graph(model)
         wrap = patches.wrap_attention_forward if attention == "attnlrp" else patches.cp_wrap_attention_forward
         self.attend = wrap(eager_attention) if rules else eager_attention
-        self.tokens = isinstance(self.calls[0].operation, keras.layers.Embedding)
+        self.tokens = type(self.calls[0].operation).__name__ in ("Embedding", "TokenAndPositionEmbedding")
         # Every weight converted once, in Keras's layout: x @ W for [in, out] kernels, einsum for the others.
         self.weights = {
             variable.path: _tensor(variable.numpy(), dtype)
             for call in self.calls if isinstance(call.operation, keras.layers.Layer)
             for variable in call.operation.weights
         }
-        self.norms = {
-            call.operation.name: _LayerNorm(call.operation, dtype)
-            for call in self.calls if isinstance(call.operation, keras.layers.LayerNormalization)
-        }
+        norms = [call.operation for call in self.calls if isinstance(call.operation, keras.layers.LayerNormalization)]
+        for call in self.calls:
+            if type(call.operation).__name__ == "TransformerEncoder":  # keras-hub's: its norms are attributes
+                norms += [call.operation._self_attention_layer_norm, call.operation._feedforward_layer_norm]
+        self.norms = {id(layer): _LayerNorm(layer, dtype) for layer in norms}  # keras-hub's repeat their names
 
     def relevance(self, x: np.ndarray, targets) -> tuple[np.ndarray, np.ndarray]:
         """(relevance, logits): relevance ``[batch, *input]`` for images, ``[batch, tokens]`` for token ids."""
@@ -167,14 +168,11 @@ class Twin:
         else:
             leaf = torch.tensor(np.asarray(x, dtype=self.dtype), requires_grad=True)
             values = {MODEL_INPUT: leaf}
-        embedded = None
+        self.embedded = None
         for index, call in enumerate(self.calls):
             operands = [values[source] for source in call.sources]
-            out = self._run(call, operands)
-            if isinstance(call.operation, keras.layers.Embedding):
-                out = out.detach().requires_grad_(True)
-                embedded = out
-            values[index] = out
+            values[index] = self._run(call, operands)
+        embedded = self.embedded
         logits = values[len(self.calls) - 1]
         selected = logits[torch.arange(len(targets)), torch.tensor(np.asarray(targets), dtype=torch.long)]
         selected.sum().backward()
@@ -187,12 +185,44 @@ class Twin:
     def _weight(self, variable):
         return self.weights[variable.path]
 
+    def _token_vectors(self, layer, ids):
+        """The looked-up vectors, a leaf whose gradient gives the tokens' relevance."""
+        self.embedded = self._weight(layer.embeddings)[ids].detach().requires_grad_(True)
+        return self.embedded
+
+    def _encoder(self, layer, x):
+        first = layer.normalize_first
+        norm1, norm2 = self.norms[id(layer._self_attention_layer_norm)], self.norms[id(layer._feedforward_layer_norm)]
+        layer_norm = self.patches.layer_norm_forward if self.rules else (
+            lambda n, t: _torch().nn.functional.layer_norm(t, t.shape[-1:], n.weight, n.bias, n.eps)
+        )
+        residual = x
+        h = layer_norm(norm1, x) if first else x
+        h = self._multi_head(layer._self_attention_layer, h, h, None, None)
+        x = h + residual
+        if not first:
+            x = layer_norm(norm1, x)
+        residual = x
+        h = layer_norm(norm2, x) if first else x
+        up, down = layer._feedforward_intermediate_dense, layer._feedforward_output_dense
+        h = self._activate(h @ self._weight(up.kernel) + self._weight(up.bias), up.activation)
+        x = h @ self._weight(down.kernel) + self._weight(down.bias) + residual
+        return x if first else layer_norm(norm2, x)
+
     def _run(self, call, operands):
         torch = _torch()
         layer = call.operation
         p = self.patches
         if isinstance(layer, keras.layers.Embedding):
-            return self._weight(layer.embeddings)[operands[0]]
+            return self._token_vectors(layer, operands[0])
+        if type(layer).__name__ == "TokenAndPositionEmbedding":  # keras-hub's
+            vectors = self._token_vectors(layer.token_embedding, operands[0])
+            return vectors + self._weight(layer.position_embedding.position_embeddings)[: vectors.shape[1]]
+        if type(layer).__name__ == "PositionEmbedding" and hasattr(layer, "position_embeddings"):  # keras-hub's
+            x = operands[0]
+            return self._weight(layer.position_embeddings)[: x.shape[1]].expand(x.shape)
+        if type(layer).__name__ == "TransformerEncoder":  # keras-hub's, as its call computes it
+            return self._encoder(layer, operands[0])
         if isinstance(layer, PositionEmbedding):
             x = operands[0]
             return x + self._weight(layer.embeddings)[: x.shape[1]]
@@ -207,13 +237,13 @@ class Twin:
         if isinstance(layer, keras.layers.EinsumDense):
             return self._activate(self._einsum_dense(layer, operands[0]), layer.activation)
         if isinstance(layer, keras.layers.LayerNormalization):
-            norm = self.norms[layer.name]
+            norm = self.norms[id(layer)]
             if not self.rules:
                 return torch.nn.functional.layer_norm(operands[0], operands[0].shape[-1:], norm.weight, norm.bias, norm.eps)
             return p.layer_norm_forward(norm, operands[0])
         if isinstance(layer, keras.layers.MultiHeadAttention):
             return self._attention(layer, call, operands)
-        if isinstance(layer, keras.layers.Add):
+        if type(layer).__name__ == "Add":  # the layer, or the op x + y
             return operands[0] + operands[1]
         if isinstance(layer, keras.layers.GlobalAveragePooling1D):
             if len(operands) == 2:  # the mask Keras recorded as its argument
@@ -247,18 +277,22 @@ class Twin:
         return self.patches.non_linear_forward(_Activation(ACTIVATIONS[name]), z)
 
     def _attention(self, layer, call, operands):
-        torch = _torch()
         arguments = call.arguments
         given = dict(zip(("query", "value", "key"), arguments.args))
         given.update({k: v for k, v in arguments.kwargs.items() if k in ("query", "value", "key")})
         source_of = {id(t): operand for t, operand in zip(arguments.keras_tensors, operands)}
         query, value = source_of[id(given["query"])], source_of[id(given["value"])]
-        key = source_of[id(given["key"])] if given.get("key") is not None else value
+        key = source_of[id(given["key"])] if given.get("key") is not None else None
+        return self._multi_head(layer, query, value, key, bool(arguments.kwargs.get("use_causal_mask")))
+
+    def _multi_head(self, layer, query, value, key, causal):
+        torch = _torch()
+        key = value if key is None else key
         q = self._einsum_dense(layer.query_dense, query)
         k = self._einsum_dense(layer.key_dense, key)
         v = self._einsum_dense(layer.value_dense, value)
         mask = None
-        if arguments.kwargs.get("use_causal_mask"):
+        if causal:
             t, s = q.shape[1], k.shape[1]
             mask = torch.ones(t, s, dtype=torch.bool).tril()[None, None]
         context = self.attend(layer, q, k, v, mask, keras_scale(layer))

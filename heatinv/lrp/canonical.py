@@ -44,13 +44,15 @@ from heatinv.layers import PositionEmbedding, SoftplusBeta
 from heatinv.lrp import einsum
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
+from heatinv.lrp.keras_hub import COVERED, EncoderBlock, Positions, hub_class, position_table
 from heatinv.lrp.one_channel import patches_of, single_channel_transpose, single_channel_transpose_each
 from heatinv.onednn import onednn_enabled
 
 SUPPORTED = (
     "Dense, EinsumDense (any equation and bias_axes), MultiHeadAttention (self- and cross-attention, "
     "use_causal_mask, sliding_window, any dropout), LayerNormalization and RMSNormalization (over the last "
-    "axis), Embedding (of the model's integer input), heatinv.layers.PositionEmbedding, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
+    "axis), Embedding (of the model's integer input), heatinv.layers.PositionEmbedding, keras-hub's "
+    "TransformerEncoder, PositionEmbedding and TokenAndPositionEmbedding, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
     "MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, GlobalMaxPooling1D/2D, "
     "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, a constant slice (x[:, 0]), Add, Average, Subtract, "
     "Concatenate, Multiply, Dropout, SpatialDropout1D/2D, Identity, InputLayer, noise and random augmentation "
@@ -637,16 +639,23 @@ class Boolean:
 class Embed:
     """An Embedding of the model's integer input: token ids ``[batch, tokens]`` to vectors.
 
-    Relevance stops at its output, ``[batch, tokens, dim]``: the ids have none of their own
-    (a token's relevance is that vector's, summed over its entries, as LXT reports it).
+    Relevance stops at the token vectors, ``[batch, tokens, dim]``: the ids have none of their
+    own (a token's relevance is that vector's, summed over its entries, as LXT reports it).
+    ``positions``: keras-hub's PositionEmbedding inside a TokenAndPositionEmbedding, whose table
+    is added to the vectors and absorbs its share.
     """
 
     layer: keras.layers.Embedding
     sources: tuple[int, ...] = (MODEL_INPUT,)
+    positions: keras.layers.Layer | None = None
+
+    def lookup(self, ids: tf.Tensor) -> tf.Tensor:
+        """The token vectors, before any position table is added."""
+        return tf.gather(self.layer.embeddings, tf.cast(ids, tf.int32))
 
     def __call__(self, ids: tf.Tensor) -> tf.Tensor:
-        embeddings = self.layer.embeddings
-        return tf.gather(embeddings, tf.cast(ids, tf.int32))
+        vectors = self.lookup(ids)
+        return vectors if self.positions is None else vectors + position_table(self.positions, vectors)
 
     def mask(self, ids: tf.Tensor) -> tf.Tensor | None:
         """Where the ids are not padding (``mask_zero=True``: id 0 is padding), else None."""
@@ -721,7 +730,9 @@ class Shift:
         return self.layer.name
 
 
-Step = Union[Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Boolean]
+Step = Union[
+    Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Boolean, EncoderBlock, Positions
+]
 
 
 def output_mask(step: Step, operands: list, masks: list) -> tf.Tensor | None:
@@ -737,7 +748,7 @@ def output_mask(step: Step, operands: list, masks: list) -> tf.Tensor | None:
         return step.mask(operands[0])
     if isinstance(step, Attention):
         return masks[0]
-    if isinstance(step, Boolean):
+    if isinstance(step, (Boolean, Positions)):
         return None
     layer = step.layer
     if not isinstance(layer, keras.layers.Layer) or not layer.supports_masking or all(m is None for m in masks):
@@ -815,6 +826,10 @@ def canonize(model: keras.Model) -> list[Step]:
         sources = tuple(step_of[source] for source in call.sources)
         if call.boolean:
             steps.append(Boolean(layer, sources, call.arguments))
+            step_of[index] = len(steps) - 1
+            continue
+        if type(layer).__module__.startswith("keras_hub"):
+            steps.append(_hub_step(layer, call, sources))
             step_of[index] = len(steps) - 1
             continue
         _check_own_call(layer)
@@ -987,6 +1002,35 @@ def _attention(layer: keras.layers.MultiHeadAttention, call, sources: tuple) -> 
         roles.append(source_of[id(given["key"])])
     projections = tuple(Linear(dense) for dense in (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense))
     return Attention(layer, tuple(roles), projections, causal=bool(kwargs.get("use_causal_mask", False)))
+
+
+def _hub_step(layer: keras.layers.Layer, call, sources: tuple[int, ...]) -> Step:
+    """The step of a keras-hub layer's call (:mod:`heatinv.lrp.keras_hub`), or a refusal naming it."""
+    given = {key for key, value in (call.arguments.kwargs if call.arguments is not None else {}).items() if value is not None}
+    extra = sorted(given - {"training"})
+    if extra or len(sources) != 1:
+        raise UnsupportedLayerError(
+            f"keras-hub {type(layer).__name__} {layer.name!r} is called with {', '.join(extra) or f'{len(sources)} tensors'}; "
+            "heatinv explains keras-hub layers called on one tensor, padding masked through the Keras mask of an "
+            "Embedding with mask_zero=True (or keras-hub's TokenAndPositionEmbedding with mask_zero=True)."
+        )
+    if hub_class(layer, "TokenAndPositionEmbedding"):
+        if sources != (MODEL_INPUT,):
+            raise UnsupportedLayerError(f"keras-hub TokenAndPositionEmbedding {layer.name!r} must read the model's input (token ids).")
+        return Embed(layer.token_embedding, sources, positions=layer.position_embedding)
+    if hub_class(layer, "PositionEmbedding"):
+        return Positions(layer, sources)
+    if hub_class(layer, "TransformerEncoder"):
+        mha = layer._self_attention_layer
+        projections = tuple(Linear(dense) for dense in (mha.query_dense, mha.key_dense, mha.value_dense, mha.output_dense))
+        norms = (Normalize(layer._self_attention_layer_norm), Normalize(layer._feedforward_layer_norm))
+        dense = (Linear(layer._feedforward_intermediate_dense), Linear(layer._feedforward_output_dense))
+        return EncoderBlock(layer, sources, Attention(mha, (sources[0], sources[0]), projections), norms, dense)
+    raise UnsupportedLayerError(
+        f"keras-hub layer {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv; of keras-hub's "
+        f"layers heatinv explains {', '.join(COVERED)}. Rebuild that part from Keras layers (MultiHeadAttention, "
+        "LayerNormalization, Dense, Embedding) or explain the part after it as a model of its own."
+    )
 
 
 def _check_last_axis(layer: keras.layers.Layer) -> None:

@@ -35,6 +35,7 @@ from heatinv.lrp.canonical import (
 )
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
+from heatinv.lrp.keras_hub import EncoderBlock, Positions, position_table
 from heatinv.lrp.max_pool import max_pool_with_mask, winner_takes_all
 from heatinv.lrp.rules import (
     UNSCALED_RULES,
@@ -82,8 +83,9 @@ class Forward:
         masks: the winners' mask of each max pooling step, by step index, where the forward
             pass found it (:func:`heatinv.lrp.max_pool.max_pool_with_mask`), else None; the
             routing reuses it.
-        attention: the kept values of each attention step, by step index
-            (:class:`heatinv.lrp.attention.AttentionValues`).
+        kept: what each attention or keras-hub encoder step keeps of its forward pass, by step
+            index (:class:`heatinv.lrp.attention.AttentionValues`,
+            :class:`heatinv.lrp.keras_hub.EncoderValues`).
         keras_masks: the Keras mask of every step's output (token padding from an
             Embedding with ``mask_zero``) as Keras passes it at run time, None where there is none.
         padding: the mask a masked pooling or softmax step applied, by step index.
@@ -97,7 +99,7 @@ class Forward:
     values: list
     masks: dict[int, tf.Tensor | None]
     positives: dict[int, tf.Tensor]
-    attention: dict = field(default_factory=dict)
+    kept: dict = field(default_factory=dict)
     keras_masks: list = field(default_factory=list)
     padding: dict = field(default_factory=dict)
 
@@ -122,7 +124,7 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
     """
     top = logit_step(steps)
     inputs, params, products, values = [], [], [], []
-    masks, positives, attention, keras_masks, padding = {}, {}, {}, [], {}
+    masks, positives, kept, keras_masks, padding = {}, {}, {}, [], {}
     logits = None
     for i, step in enumerate(steps):
         operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
@@ -137,8 +139,8 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             params.append(None)
             products.append(None)
             if isinstance(step, Attention):
-                attention[i] = step.forward(*operands, masks=given_masks)
-                values.append(step.output(attention[i]))
+                kept[i] = step.forward(*operands, masks=given_masks)
+                values.append(step.output(kept[i]))
                 for source in step.sources:
                     # Keras's MultiHeadAttention removes its inputs' masks: a later reader of the
                     # same tensor (the residual sum) sees none.
@@ -149,6 +151,14 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             continue
         a = operands[0]
         inputs.append(a)
+        if isinstance(step, EncoderBlock):
+            params.append(None)
+            products.append(None)
+            kept[i] = step.forward(a, given_masks[0])
+            values.append(step.output(kept[i]))
+            if not step.layer.normalize_first and step.sources[0] != MODEL_INPUT:
+                keras_masks[step.sources[0]] = None  # its attention read (and unmasked) its input tensor itself
+            continue
         if isinstance(step, Linear):
             kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
@@ -177,7 +187,7 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
                 values.append(step(a))
             if i == top:
                 logits = values[-1]
-    return Forward(inputs, params, products, logits, values, masks, positives, attention, keras_masks, padding)
+    return Forward(inputs, params, products, logits, values, masks, positives, kept, keras_masks, padding)
 
 
 def _is_boolean(steps: list[Step], source: int) -> bool:
@@ -253,7 +263,7 @@ def first_linear_steps(steps: list[Step]) -> set[int]:
         if any(source in reached for source in step.sources):
             if isinstance(step, Linear):
                 first.add(i)
-            elif not isinstance(step, (Embed, Attention, Boolean)):  # token vectors are no pixels: no first-layer rule beyond
+            elif not isinstance(step, (Embed, Attention, Boolean, EncoderBlock, Positions)):  # no first-layer rule beyond
                 reached.add(i)
     return first
 
@@ -437,7 +447,9 @@ def backward(
             continue  # nothing of the explained score flows through this step
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
         if isinstance(step, Attention):
-            shares = step.relevance(fwd.attention[i], r, composite.dense, composite.attention, composite.stabilizer)
+            shares = step.relevance(fwd.kept[i], r, composite.dense, composite.attention, composite.stabilizer)
+        elif isinstance(step, EncoderBlock):
+            shares = step.relevance(fwd.kept[i], r, composite)
         else:
             shares = _shares(
                 step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative,
@@ -525,5 +537,10 @@ def _shares(
         return [layer_norm_rule(a, relevance, scale, shift, centered, composite.stabilizer)]
     if isinstance(step, Shift):
         return sum_rule([a, step.shift(a)], relevance, composite.stabilizer)[:1]
+    if isinstance(step, Embed) and step.positions is not None:
+        vectors = step.lookup(a)
+        return sum_rule([vectors, position_table(step.positions, vectors)], relevance, composite.stabilizer)[:1]
+    if isinstance(step, Positions):
+        return [None]  # its input gives the shape only
     # Elementwise, Affine: relevance passes unchanged; Embed: relevance stops at its vectors.
     return [relevance]

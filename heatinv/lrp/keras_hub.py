@@ -1,0 +1,168 @@
+"""keras-hub's transformer layers as LRP steps: TransformerEncoder, and position tables.
+
+keras-hub (``pip install keras-hub``) writes its layers as Python ``call`` methods over Keras
+layers and ops, so the graph walk sees one call where there are many operations. These steps
+compute what those ``call`` methods compute, from the same sub-layers' live variables, and
+hand relevance back through the parts with the rules of the parts:
+
+- ``keras_hub.layers.TransformerEncoder``: :class:`EncoderBlock` (its MultiHeadAttention by
+  :class:`heatinv.lrp.attention.Attention`, its LayerNormalizations by
+  :func:`heatinv.lrp.rules.layer_norm_rule`, its two Dense layers by the composite's dense
+  rule, its residual sums by :func:`heatinv.lrp.rules.sum_rule`);
+- ``keras_hub.layers.PositionEmbedding``: :class:`Positions`, the position table shaped like
+  its input, which gives the input no relevance (only its shape is read);
+- ``keras_hub.layers.TokenAndPositionEmbedding``: an Embed step with its position table
+  (:class:`heatinv.lrp.canonical.Embed`).
+
+Which keras-hub layers these are is decided by class, from ``keras_hub`` where it is
+imported (a model holding its layers imports it); heatinv itself does not import it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from heatinv.lrp.attention import Attention
+from heatinv.lrp.rules import layer_norm_rule, sum_rule
+
+COVERED = ("TransformerEncoder", "PositionEmbedding", "TokenAndPositionEmbedding")
+"""The keras-hub layers heatinv explains; any other keras-hub layer is refused by name."""
+
+
+def hub_class(layer, name: str) -> bool:
+    """Whether ``layer`` is keras-hub's layer ``name`` (False where keras-hub is not imported)."""
+    hub = sys.modules.get("keras_hub")
+    cls = getattr(getattr(hub, "layers", None), name, None) if hub is not None else None
+    return cls is not None and isinstance(layer, cls)
+
+
+def position_table(layer, like: tf.Tensor) -> tf.Tensor:
+    """The first ``tokens`` rows of a keras-hub PositionEmbedding's table, in ``like``'s dtype."""
+    return tf.cast(layer.position_embeddings[: tf.shape(like)[-2]], like.dtype)
+
+
+@dataclass
+class Positions:
+    """keras-hub's PositionEmbedding: ``P[:tokens]`` broadcast to its input's shape.
+
+    The input gives the shape only: it gets no relevance. (The model adds the output to the
+    token vectors; the sum hands the table its share, which stops here.)
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...]
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.broadcast_to(position_table(self.layer, x), tf.shape(x))
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+
+@dataclass
+class EncoderValues:
+    """An EncoderBlock call's forward values, in the order its ``call`` computes them."""
+
+    x: tf.Tensor
+    attention_input: tf.Tensor
+    attention: Any
+    first_sum: tf.Tensor
+    feedforward_input: tf.Tensor
+    hidden: tf.Tensor
+    hidden_product: tf.Tensor
+    feedforward: tf.Tensor
+    feedforward_product: tf.Tensor
+    second_sum: tf.Tensor
+
+
+@dataclass
+class EncoderBlock:
+    """keras-hub's TransformerEncoder, in inference mode (dropout off), self-attention only.
+
+    ``normalize_first=False`` (post-norm, BERT): ``y = LN1(x + MHA(x, x))``,
+    ``out = LN2(y + D2(D1(y)))``. ``normalize_first=True`` (pre-norm):
+    ``y = x + MHA(LN1(x), LN1(x))``, ``out = y + D2(D1(LN2(y)))``. The attention is masked as
+    keras-hub masks it: padding (the input's Keras mask) in rows and columns.
+
+    Attributes:
+        layer: the keras-hub layer.
+        sources: the step feeding it.
+        attention: its MultiHeadAttention as an :class:`~heatinv.lrp.attention.Attention`.
+        norms: its two LayerNormalizations as :class:`~heatinv.lrp.canonical.Normalize` steps.
+        dense: its two Dense layers as :class:`~heatinv.lrp.canonical.Linear` steps.
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...]
+    attention: Attention
+    norms: tuple[Any, Any]
+    dense: tuple[Any, Any]
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+    def forward(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> EncoderValues:
+        first = self.layer.normalize_first
+        norm1, norm2 = self.norms
+        attention_input = norm1(x) if first else x
+        attention = self.attention.forward(attention_input, attention_input, masks=(mask, mask))
+        first_sum = self.attention.output(attention) + x
+        feedforward_input = norm2(first_sum) if first else norm1(first_sum)
+        (up, down), dtype = self.dense, x.dtype
+        kernel, bias = up.params(dtype)
+        hidden_product = up.affine(feedforward_input, kernel, None)
+        hidden = hidden_product + bias
+        hidden = hidden if up.activation is None else up.activation(hidden)
+        kernel, bias = down.params(dtype)
+        feedforward_product = down.affine(hidden, kernel, None)
+        feedforward = feedforward_product + bias
+        second_sum = feedforward + feedforward_input if not first else feedforward + first_sum
+        return EncoderValues(
+            x, attention_input, attention, first_sum, feedforward_input, hidden, hidden_product, feedforward,
+            feedforward_product, second_sum,
+        )
+
+    def output(self, values: EncoderValues) -> tf.Tensor:
+        return values.second_sum if self.layer.normalize_first else self.norms[1](values.second_sum)
+
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor:
+        return self.output(self.forward(x, mask))
+
+    def relevance(self, values: EncoderValues, relevance: tf.Tensor, composite) -> list[tf.Tensor]:
+        """The relevance of the block's input, from that of its output."""
+        first, (norm1, norm2), (up, down) = self.layer.normalize_first, self.norms, self.dense
+        rule, stabilizer, dtype = composite.dense, composite.stabilizer, relevance.dtype
+
+        def dense(linear, a, r, product):
+            known = {"product": product} if rule.takes_product else {}
+            return rule(a, *linear.params(dtype), r, linear, **known)
+
+        def norm(step, a, r):
+            scale, shift, centered = step.parts(a)
+            return layer_norm_rule(a, r, scale, shift, centered, stabilizer)
+
+        if not first:
+            relevance = norm(norm2, values.second_sum, relevance)
+        # the residual around the feed-forward part: its output and its input
+        to_feedforward, to_residual = sum_rule(
+            [values.feedforward, values.feedforward_input if not first else values.first_sum], relevance, stabilizer
+        )
+        to_hidden = dense(down, values.hidden, to_feedforward, values.feedforward_product)
+        to_input = dense(up, values.feedforward_input, to_hidden, values.hidden_product)
+        if first:
+            to_first_sum = to_residual + norm(norm2, values.first_sum, to_input)
+        else:
+            to_first_sum = norm(norm1, values.first_sum, to_residual + to_input)
+        to_attention, to_x = sum_rule([self.attention.output(values.attention), values.x], to_first_sum, stabilizer)
+        shares = self.attention.relevance(values.attention, to_attention, rule, composite.attention, stabilizer)
+        to_attention_input = tf.add_n([share for share in shares if share is not None])  # CP-LRP: the query gets none
+        if first:
+            to_attention_input = norm(norm1, values.x, to_attention_input)
+        return [to_x + to_attention_input]
