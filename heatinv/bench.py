@@ -340,26 +340,37 @@ def make_runners(case: Case, dataset, variants: tuple[str, ...], steps_per_execu
             fn = tf.function(heatmap, jit_compile=jit, reduce_retracing=True, autograph=False)
             runners.append(Runner(variant, lambda f=fn: float(f(x, y)[1]), 1, "xla" if jit else "function"))
         elif variant in ("forward_backward", "forward_backward_xla"):
-
-            def forward_backward(x, y, model=model):
-                # the tables looked up inside: a tf.function would take a list argument's variables as tensors
-                tables = [layer.embeddings for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
-                with tf.GradientTape() as tape:
-                    if not tables:
-                        tape.watch(x)
-                    logits = model(x, training=False)
-                    score = tf.reduce_sum(logits * tf.one_hot(y, logits.shape[-1], dtype=logits.dtype))
-                grad = tf.convert_to_tensor(tape.gradient(score, tables[0] if tables else x))
-                return grad, tf.reduce_sum(grad)
-
             jit = variant.endswith("_xla")
-            fn = tf.function(forward_backward, jit_compile=jit, reduce_retracing=True, autograph=False)
+            fn = tf.function(forward_backward(model), jit_compile=jit, reduce_retracing=True, autograph=False)
             runners.append(Runner(variant, lambda f=fn: float(f(x, y)[1]), 1, "xla" if jit else "function"))
         else:
             raise ValueError(f"Unknown variant {variant!r}; expected some of {list(VARIANTS)}.")
     for runner in runners:
         runner.auto_pick = pick
     return runners
+
+
+def forward_backward(model) -> Callable:
+    """``f(x, y) -> (gradient, its sum)``: the gradient of the labels' logits with respect to the input,
+    or, for a model of token ids, to its Embedding's table (the backward pass reaches the token vectors).
+
+    The heatmap's yardstick: one forward and one backward pass of the same model.
+    """
+    import keras
+    import tensorflow as tf
+
+    def gradient(x, y):
+        # the tables looked up inside: a tf.function would take a list argument's variables as tensors
+        tables = [layer.embeddings for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+        with tf.GradientTape() as tape:
+            if not tables:
+                tape.watch(x)
+            logits = model(x, training=False)
+            score = tf.reduce_sum(logits * tf.one_hot(y, logits.shape[-1], dtype=logits.dtype))
+        grad = tf.convert_to_tensor(tape.gradient(score, tables[0] if tables else x))
+        return grad, tf.reduce_sum(grad)
+
+    return gradient
 
 
 def _block(runner: Runner, calls: int) -> float:

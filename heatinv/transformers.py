@@ -54,11 +54,7 @@ def vit(
     x = keras.layers.Conv2D(dim, patch, strides=patch, name="patches")(inputs)
     x = keras.layers.Reshape((tokens, dim), name="tokens")(x)
     x = PositionEmbedding(tokens, name="positions")(x)
-    for i in range(depth):
-        x = encoder_block(x, heads=heads, dropout=dropout, name=f"block{i}")
-    x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
-    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="vit")
+    return keras.Model(inputs, _encoder(x, num_classes, depth, heads, dropout), name="vit")
 
 
 def text_classifier(
@@ -81,8 +77,13 @@ def text_classifier(
     inputs = keras.Input((tokens,), dtype="int32")
     x = keras.layers.Embedding(vocabulary, dim, mask_zero=True, name="embedding")(inputs)
     x = PositionEmbedding(tokens, name="positions")(x)
+    return keras.Model(inputs, _encoder(x, num_classes, depth, heads, dropout), name="text_classifier")
+
+
+def _encoder(x, num_classes: int, depth: int, heads: int, dropout: float):
+    """The blocks, a final LayerNormalization, the mean over the tokens (padding skipped) and the logits."""
     for i in range(depth):
         x = encoder_block(x, heads=heads, dropout=dropout, name=f"block{i}")
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
     x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(x), name="text_classifier")
+    return keras.layers.Dense(num_classes, name="logits")(x)

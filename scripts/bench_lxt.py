@@ -35,11 +35,11 @@ import argparse
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import side_by_side
+
 MODELS = ("vit", "text")
 COMPOSITES = {"attnlrp": "attnlrp", "cp_lrp": "cp"}
 """heatinv's composite -> the twin's attention rule (LXT's ``wrap_attention_forward`` or its CP-LRP wrapper)."""
-THREADS = 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,14 +78,13 @@ def case_data(name: str, batch: int):
     return transformers.text_classifier(64, 1000, 10), rng.integers(1, 1000, (batch, 64)).astype("int32")
 
 
-def make_runners(name: str, composite: str, batch: int):
-    """The runners of one case and the float32 relative L2 error between the two heatmaps."""
-    import keras
+def make_runners(name: str, composite: str, batch: int, stack=None):
+    """The runners of one case and the float32 relative L2 error between the two heatmaps (``stack``: unused, no hooks)."""
     import numpy as np
     import tensorflow as tf
 
     import lxt_twins
-    from heatinv.bench import Runner
+    from heatinv.bench import Runner, forward_backward
     from heatinv.lrp import LRP
 
     model, x_np = case_data(name, batch)
@@ -101,17 +100,6 @@ def make_runners(name: str, composite: str, batch: int):
     expected, _ = twin.relevance(x_np, y_np)
     actual = heatmap(x, y)[0].numpy()
     error = float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
-    tables = [layer.embeddings for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
-
-    def forward_backward(x, y):
-        with tf.GradientTape() as tape:
-            if not tables:
-                tape.watch(x)
-            logits = model(x, training=False)
-            score = tf.reduce_sum(logits * tf.one_hot(y, logits.shape[-1], dtype=logits.dtype))
-        grad = tf.convert_to_tensor(tape.gradient(score, tables[0] if tables else x))
-        return grad, tf.reduce_sum(grad)
-
     plain = lxt_twins.Twin(model, COMPOSITES[composite], dtype="float32", rules=False)
     runners = [
         Runner("heatmap_only", lambda f=tf.function(heatmap, reduce_retracing=True): float(f(x, y)[1]), 1, "function"),
@@ -119,53 +107,14 @@ def make_runners(name: str, composite: str, batch: int):
             "heatmap_only_xla", lambda f=tf.function(heatmap, jit_compile=True, reduce_retracing=True): float(f(x, y)[1]), 1, "xla"
         ),
         Runner("lxt_heatmap", lambda: float(twin.relevance(x_np, y_np)[0].sum()), 1, "torch eager"),
-        Runner("forward_backward", lambda f=tf.function(forward_backward, reduce_retracing=True): float(f(x, y)[1]), 1, "function"),
+        Runner("forward_backward", lambda f=tf.function(forward_backward(model), reduce_retracing=True): float(f(x, y)[1]), 1, "function"),
         Runner("torch_forward_backward", lambda: float(plain.relevance(x_np, y_np)[0].sum()), 1, "torch eager"),
     ]
     return runners, error
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import tensorflow as tf
-
-    # Thread pools are fixed before TensorFlow or PyTorch runs any op.
-    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
-    tf.config.threading.set_inter_op_parallelism_threads(THREADS)
-    import torch
-
-    torch.set_num_threads(THREADS)
-    torch.set_num_interop_threads(THREADS)
-
-    from heatinv.bench import Case, measure, table, write_json
-
-    print(f"heatinv vs LXT: TF {tf.__version__}, torch {torch.__version__}, {THREADS} threads each, "
-          f"batch {args.batch}, repeats {args.repeats}, min block {args.min_time:g} s", flush=True)
-    records = []
-    for name in args.models:
-        for composite in args.composites:
-            runners, error = make_runners(name, composite, args.batch)
-            case_records = measure(Case(name, composite, args.batch), runners, args.repeats, args.min_time)
-            for record in case_records:
-                record["relative_error"] = error
-            records.extend(case_records)
-            print(f"  {name} {composite}: heatinv vs LXT heatmap, float32 relative L2 error {error:.1e}", flush=True)
-            write_json(args.out, records)
-    print(table(records))
-    for name, composite in ((n, c) for n in args.models for c in args.composites):
-        ms = {r["variant"]: r["ms_median"] for r in records if r["model"] == name and r["composite"] == composite}
-        print(
-            f"{name} {composite}: lxt_heatmap / heatmap_only {ms['lxt_heatmap'] / ms['heatmap_only']:.2f}, "
-            f"/ heatmap_only_xla {ms['lxt_heatmap'] / ms['heatmap_only_xla']:.2f} (goal >= 1: heatinv at least as fast); "
-            f"torch_forward_backward / forward_backward {ms['torch_forward_backward'] / ms['forward_backward']:.2f}"
-        )
-    print(f"\nwrote {args.out}", flush=True)
-    return records
-
-
 def main(argv=None) -> int:
-    run(parse_args(argv))
+    side_by_side.run(parse_args(argv), "heatinv vs LXT", make_runners, "LXT", "lxt_heatmap", " (goal >= 1: heatinv at least as fast)")
     return 0
 
 

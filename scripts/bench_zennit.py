@@ -35,7 +35,8 @@ import contextlib
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import side_by_side
+
 MODELS = ("vgg16", "cnn")
 COMPOSITES = {
     "epsilon_gamma_box": "EpsilonGammaBox",
@@ -43,7 +44,6 @@ COMPOSITES = {
     "epsilon_alpha2_beta1": "EpsilonAlpha2Beta1",
 }
 """heatinv's composite -> Zennit's composite of the same rules."""
-THREADS = 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -155,48 +155,8 @@ def make_runners(name: str, composite_name: str, batch: int, hooks: contextlib.E
     return runners, error
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import tensorflow as tf
-
-    # Thread pools are fixed before TensorFlow or PyTorch runs any op.
-    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
-    tf.config.threading.set_inter_op_parallelism_threads(THREADS)
-    import torch
-
-    torch.set_num_threads(THREADS)
-    torch.set_num_interop_threads(THREADS)
-
-    from heatinv.bench import Case, measure, table, write_json
-
-    print(f"heatinv vs Zennit: TF {tf.__version__}, torch {torch.__version__}, {THREADS} threads each, "
-          f"batch {args.batch}, repeats {args.repeats}, min block {args.min_time:g} s", flush=True)
-    records = []
-    for name in args.models:
-        for composite in args.composites:
-            with contextlib.ExitStack() as hooks:
-                runners, error = make_runners(name, composite, args.batch, hooks)
-                case_records = measure(Case(name, composite, args.batch), runners, args.repeats, args.min_time)
-            for record in case_records:
-                record["relative_error"] = error
-            records.extend(case_records)
-            print(f"  {name} {composite}: heatinv vs Zennit heatmap, float32 relative L2 error {error:.1e}", flush=True)
-            write_json(args.out, records)
-    print(table(records))
-    for name, composite in ((n, c) for n in args.models for c in args.composites):
-        ms = {r["variant"]: r["ms_median"] for r in records if r["model"] == name and r["composite"] == composite}
-        print(
-            f"{name} {composite}: zennit_heatmap / heatmap_only {ms['zennit_heatmap'] / ms['heatmap_only']:.2f}, "
-            f"/ heatmap_only_xla {ms['zennit_heatmap'] / ms['heatmap_only_xla']:.2f}; "
-            f"torch_forward_backward / forward_backward {ms['torch_forward_backward'] / ms['forward_backward']:.2f}"
-        )
-    print(f"\nwrote {args.out}", flush=True)
-    return records
-
-
 def main(argv=None) -> int:
-    run(parse_args(argv))
+    side_by_side.run(parse_args(argv), "heatinv vs Zennit", make_runners, "Zennit", "zennit_heatmap", "")
     return 0
 
 
