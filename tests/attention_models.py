@@ -137,3 +137,16 @@ def hub_text(dtype: str = "float64", seed: int = 0, *, normalize_first=False, ma
                                                 dtype=dtype)(x)
     x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x)
     return randomize(keras.Model(ids, keras.layers.Dense(3, dtype=dtype)(x), name="hub_text"), seed)
+
+
+def hub_bert(dtype: str = "float64", seed: int = 1, *, dropout=0.0) -> keras.Model:
+    """keras-hub's BertTextClassifier at a tiny config (2 layers, 2 heads, width 16), random weights, no
+    preprocessor: inputs ``{"token_ids", "segment_ids", "padding_mask"}``. Needs keras-hub."""
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16,
+        dropout=dropout, dtype=dtype,
+    )
+    classifier = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None, dtype=dtype)
+    return randomize(classifier, seed)

@@ -94,8 +94,16 @@ def tf_gelu(x):
     return 0.5 * x * (1.0 + torch.erf(x * float(np.float32(1.0 / math.sqrt(2.0)))))
 
 
+def tf_gelu_tanh(x):
+    """TensorFlow's tanh-approximated GELU (``approximate=True``; keras-hub's ``gelu_approximate``): its
+    0.044715 is cast through float32, as ``tf.cast`` of a Python float does."""
+    torch = _torch()
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + float(np.float32(0.044715)) * x**3)))
+
+
 ACTIVATIONS = {
     "gelu": tf_gelu,
+    "gelu_approximate": tf_gelu_tanh,
     "tanh": lambda x: _torch().tanh(x),
     "silu": lambda x: x * _torch().sigmoid(x),
     "relu": lambda x: _torch().relu(x),
@@ -146,7 +154,10 @@ class Twin:
         self.calls = layer_graph(model)
         wrap = patches.wrap_attention_forward if attention == "attnlrp" else patches.cp_wrap_attention_forward
         self.attend = wrap(eager_attention) if rules else eager_attention
-        self.tokens = type(self.calls[0].operation).__name__ in ("Embedding", "TokenAndPositionEmbedding")
+        self.tokens = any(
+            isinstance(call.operation, keras.layers.Embedding) or type(call.operation).__name__ == "TokenAndPositionEmbedding"
+            for call in self.calls if call.sources == (MODEL_INPUT,)
+        )
         # Every weight converted once, in Keras's layout: x @ W for [in, out] kernels, einsum for the others.
         self.weights = {
             variable.path: _tensor(variable.numpy(), dtype)
@@ -190,7 +201,7 @@ class Twin:
         self.embedded = self._weight(layer.embeddings)[ids].detach().requires_grad_(True)
         return self.embedded
 
-    def _encoder(self, layer, x):
+    def _encoder(self, layer, x, padding=None):
         first = layer.normalize_first
         norm1, norm2 = self.norms[id(layer._self_attention_layer_norm)], self.norms[id(layer._feedforward_layer_norm)]
         layer_norm = self.patches.layer_norm_forward if self.rules else (
@@ -198,7 +209,7 @@ class Twin:
         )
         residual = x
         h = layer_norm(norm1, x) if first else x
-        h = self._multi_head(layer._self_attention_layer, h, h, None, None)
+        h = self._multi_head(layer._self_attention_layer, h, h, None, None, padding)
         x = h + residual
         if not first:
             x = layer_norm(norm1, x)
@@ -214,7 +225,11 @@ class Twin:
         layer = call.operation
         p = self.patches
         if isinstance(layer, keras.layers.Embedding):
+            if call.sources != (MODEL_INPUT,):  # computed ids (segments): a table lookup, no token's relevance
+                return self._weight(layer.embeddings)[operands[0]]
             return self._token_vectors(layer, operands[0])
+        if isinstance(layer, keras.layers.Dropout):
+            return operands[0]
         if type(layer).__name__ == "TokenAndPositionEmbedding":  # keras-hub's
             vectors = self._token_vectors(layer.token_embedding, operands[0])
             return vectors + self._weight(layer.position_embedding.position_embeddings)[: vectors.shape[1]]
@@ -222,7 +237,7 @@ class Twin:
             x = operands[0]
             return self._weight(layer.position_embeddings)[: x.shape[1]].expand(x.shape)
         if type(layer).__name__ == "TransformerEncoder":  # keras-hub's, as its call computes it
-            return self._encoder(layer, operands[0])
+            return self._encoder(layer, operands[0], operands[1] if len(operands) > 1 else None)
         if isinstance(layer, PositionEmbedding):
             x = operands[0]
             return x + self._weight(layer.embeddings)[: x.shape[1]]
@@ -243,14 +258,14 @@ class Twin:
             return p.layer_norm_forward(norm, operands[0])
         if isinstance(layer, keras.layers.MultiHeadAttention):
             return self._attention(layer, call, operands)
-        if type(layer).__name__ == "Add":  # the layer, or the op x + y
-            return operands[0] + operands[1]
+        if type(layer).__name__ == "Add":  # the layer (any number of operands), or the op x + y
+            return sum(operands[1:], operands[0])
         if isinstance(layer, keras.layers.GlobalAveragePooling1D):
             if len(operands) == 2:  # the mask Keras recorded as its argument
                 weights = operands[1].to(operands[0].dtype)[..., None]
                 return (operands[0] * weights).sum(dim=1) / weights.sum(dim=1)
             return operands[0].mean(dim=1)
-        if call.boolean:  # a Keras mask's op: ids != 0, masks combined
+        if call.discrete:  # a Keras mask's op: ids != 0, masks combined
             name = type(layer).__name__
             if name == "NotEqual":
                 return operands[0] != call.arguments.args[1]
@@ -258,6 +273,10 @@ class Twin:
                 return operands[0] | operands[1]
             if name == "LogicalAnd":
                 return operands[0] & operands[1]
+            if name == "ZerosLike":
+                return torch.zeros_like(operands[0])
+            if name == "Cast":
+                return operands[0].long()
         if isinstance(layer, (keras.layers.Reshape, keras.layers.Flatten)):
             x = operands[0]
             shape = (-1,) if isinstance(layer, keras.layers.Flatten) else tuple(layer.target_shape)
@@ -285,7 +304,8 @@ class Twin:
         key = source_of[id(given["key"])] if given.get("key") is not None else None
         return self._multi_head(layer, query, value, key, bool(arguments.kwargs.get("use_causal_mask")))
 
-    def _multi_head(self, layer, query, value, key, causal):
+    def _multi_head(self, layer, query, value, key, causal, padding=None):
+        """``padding``: ``[batch, tokens]``, nonzero where a token is no padding (keras-hub's padding_mask: columns)."""
         torch = _torch()
         key = value if key is None else key
         q = self._einsum_dense(layer.query_dense, query)
@@ -295,6 +315,9 @@ class Twin:
         if causal:
             t, s = q.shape[1], k.shape[1]
             mask = torch.ones(t, s, dtype=torch.bool).tril()[None, None]
+        if padding is not None:
+            columns = (padding != 0)[:, None, None, :]
+            mask = columns if mask is None else mask & columns
         context = self.attend(layer, q, k, v, mask, keras_scale(layer))
         return self._einsum_dense(layer.output_dense, context)
 

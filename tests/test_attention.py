@@ -28,6 +28,7 @@ import lxt_twins
 from heatinv.layers import PositionEmbedding
 from heatinv.lrp import LRP, UnsupportedLayerError, relevance, resolve
 from heatinv.lrp.canonical import canonize
+from heatinv.lrp.keras_hub import token_model
 from heatinv.lrp.propagate import forward
 
 DTYPE = "float64"
@@ -458,3 +459,39 @@ def test_other_keras_hub_layers_are_refused_by_name():
     model = keras.Model(ids, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(x)))
     with pytest.raises(UnsupportedLayerError, match=r"keras-hub layer 'decoder' of class TransformerDecoder.*TransformerEncoder"):
         LRP(model, "attnlrp")
+
+
+BERT_IDS = np.array([[2, 5, 7, 9, 3, 0, 0, 0], [2, 8, 4, 3, 0, 0, 0, 0]], "int32")
+
+
+@needs_hub
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_keras_hub_bert_classifier_of_token_ids_is_computed_as_keras_hub_computes_it(dropout):
+    """token_model gives the classifier its padding mask (ids != 0) and one segment; the engine walks
+    the nested backbone (three inputs, two outputs) and equals the classifier on its dict of inputs."""
+    classifier = models.hub_bert(dropout=dropout)
+    given = {"token_ids": BERT_IDS, "padding_mask": (BERT_IDS != 0).astype("int32"), "segment_ids": np.zeros_like(BERT_IDS)}
+    outputs = forward(canonize(token_model(classifier)), tf.constant(BERT_IDS)).outputs
+    np.testing.assert_allclose(outputs.numpy(), classifier(given).numpy(), rtol=0, atol=1e-13)
+    R = relevance(token_model(classifier), BERT_IDS, [0, 2], composite="attnlrp").numpy()
+    np.testing.assert_array_equal(R[0, 5:], 0.0)
+    np.testing.assert_array_equal(R[1, 4:], 0.0)
+
+
+@needs_hub
+@pytest.mark.skipif(lxt_twins.LXT_MISSING is not None, reason=str(lxt_twins.LXT_MISSING))
+@pytest.mark.parametrize("composite", ["attnlrp", "cp_lrp"])
+def test_keras_hub_bert_heatmaps_equal_lxt(composite):
+    """Measured: 2.0e-9 relative L2 (the twin masks the padding columns as keras-hub's encoder does)."""
+    model = token_model(models.hub_bert())
+    expected, twin_logits = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp").relevance(BERT_IDS, [0, 2])
+    np.testing.assert_allclose(twin_logits, model(BERT_IDS).numpy(), rtol=0, atol=TWIN_TOLERANCE * np.abs(twin_logits).max())
+    errors = relative_errors(relevance(model, BERT_IDS, [0, 2], composite=composite).numpy(), expected)
+    print(f"keras-hub BERT/{composite}: relative L2 error vs LXT {errors.max():.1e}")
+    assert errors.max() <= TOLERANCE
+
+
+def test_token_model_names_what_it_needs():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="plain")
+    with pytest.raises(ValueError, match=r"token_model takes a model whose inputs are a dict with 'token_ids'.*'plain'"):
+        token_model(model)

@@ -579,14 +579,25 @@ def test_an_op_with_two_outputs_is_refused():
         relevance(model, np.ones((1, 6), "float32"), 0)
 
 
-def test_a_nested_model_of_two_inputs_is_refused():
+def test_a_nested_model_of_two_inputs_and_outputs_is_expanded_like_its_layers():
+    """A nested functional model may take and give several tensors (keras-hub's backbones do): the
+    heatmap equals that of the same layers written flat, with the same weights."""
     a, b = keras.Input((4,)), keras.Input((4,))
-    pair = keras.Model([a, b], L.Add()([a, b]), name="pair")
+    pair = keras.Model([a, b], {"sum": L.Add()([a, b]), "scaled": L.Dense(4, name="scale")(b)}, name="pair")
     inputs = keras.Input((6,))
-    h = L.Dense(4)(inputs)
-    model = keras.Model(inputs, L.Dense(2)(pair([h, h])))
-    with pytest.raises(UnsupportedLayerError, match="Nested model 'pair' takes 2 inputs; heatinv needs one"):
-        relevance(model, np.ones((1, 6), "float32"), 0)
+    first, second = L.Dense(4, name="first")(inputs), L.Dense(4, name="second")(inputs)
+    out = pair([first, second])
+    model = keras.Model(inputs, L.Dense(2, name="head")(L.Concatenate()([out["sum"], out["scaled"]])))
+    flat_first, flat_second = L.Dense(4)(inputs), L.Dense(4)(inputs)
+    flat_out = L.Concatenate()([L.Add()([flat_first, flat_second]), L.Dense(4)(flat_second)])
+    flat = keras.Model(inputs, L.Dense(2)(flat_out))
+    names = ["first", "second", "scale", "head"]
+    for name, layer in zip(names, [l for l in flat.layers if isinstance(l, L.Dense)]):
+        source = model.get_layer(name) if name != "scale" else pair.get_layer("scale")
+        layer.set_weights(source.get_weights())
+    x = np.random.default_rng(0).normal(size=(2, 6)).astype("float32")
+    np.testing.assert_allclose(flat(x), model(x), rtol=1e-6)
+    np.testing.assert_allclose(relevance(model, x, [0, 1], "epsilon"), relevance(flat, x, [0, 1], "epsilon"), rtol=1e-5, atol=1e-7)
 
 
 def test_doctor_reads_the_graph_and_finds_dead_units_in_a_branch(rng):

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # whether a trace is XLA-compiled: no public API
 
-from heatinv.lrp.canonical import SUPPORTED, Boolean, Embed, UnsupportedLayerError, canonize, fold_batch_norm
+from heatinv.lrp.canonical import SUPPORTED, Discrete, Embed, UnsupportedLayerError, canonize, fold_batch_norm
 from heatinv.lrp.graph import MODEL_INPUT
 from heatinv.lrp.composites import COMPOSITES, Composite, resolve
 from heatinv.lrp.propagate import OUTPUTS, backward, carry_bounds, forward, logit_step, positive_product_steps
@@ -242,7 +242,7 @@ def reads_tokens(steps) -> bool:
     Raises:
         UnsupportedLayerError: an Embedding and another layer both read the input.
     """
-    readers = [step for step in steps if MODEL_INPUT in step.sources and not isinstance(step, Boolean)]
+    readers = [step for step in steps if MODEL_INPUT in step.sources and not isinstance(step, Discrete)]
     embeds = [step for step in readers if isinstance(step, Embed)]
     if embeds and len(embeds) != len(readers):
         other = next(step for step in readers if not isinstance(step, Embed))

@@ -614,12 +614,14 @@ class Merge:
 
 
 @dataclass
-class Boolean:
-    """A Keras op that computes a mask (``ids != 0`` for an Embedding's ``mask_zero``, masks combined).
+class Discrete:
+    """A Keras op that computes a mask or ids: ``ids != 0`` for an Embedding's ``mask_zero``, masks
+    combined, segment ids of zeros.
 
-    Keras records these ops in the graph where a layer takes a mask as an argument
-    (GlobalAveragePooling1D's ``mask``); a step that reads one as its last source takes it as
-    that mask. No relevance flows through it.
+    Keras records mask ops in the graph where a layer takes a mask as an argument
+    (GlobalAveragePooling1D's ``mask``, keras-hub's TransformerEncoder's ``padding_mask``); a step
+    that reads one as its last source takes it as that mask, and an Embedding reads computed ids.
+    No relevance flows through it.
     """
 
     layer: keras.Operation
@@ -731,7 +733,7 @@ class Shift:
 
 
 Step = Union[
-    Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Boolean, EncoderBlock, Positions
+    Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Discrete, EncoderBlock, Positions
 ]
 
 
@@ -748,7 +750,7 @@ def output_mask(step: Step, operands: list, masks: list) -> tf.Tensor | None:
         return step.mask(operands[0])
     if isinstance(step, Attention):
         return masks[0]
-    if isinstance(step, (Boolean, Positions)):
+    if isinstance(step, (Discrete, Positions)):
         return None
     layer = step.layer
     if not isinstance(layer, keras.layers.Layer) or not layer.supports_masking or all(m is None for m in masks):
@@ -824,12 +826,12 @@ def canonize(model: keras.Model) -> list[Step]:
     for index, call in enumerate(calls):
         layer = call.operation
         sources = tuple(step_of[source] for source in call.sources)
-        if call.boolean:
-            steps.append(Boolean(layer, sources, call.arguments))
+        if call.discrete:
+            steps.append(Discrete(layer, sources, call.arguments))
             step_of[index] = len(steps) - 1
             continue
-        if type(layer).__module__.startswith("keras_hub"):
-            steps.append(_hub_step(layer, call, sources))
+        if type(layer).__module__.startswith("keras_hub") and not _has_rule(type(layer)):
+            steps.append(_hub_step(layer, call, sources, steps))
             step_of[index] = len(steps) - 1
             continue
         _check_own_call(layer)
@@ -837,10 +839,11 @@ def canonize(model: keras.Model) -> list[Step]:
             steps.append(_attention(layer, call, sources))
             step_of[index] = len(steps) - 1
             continue
-        if sources and all(source != MODEL_INPUT and isinstance(steps[source], Boolean) for source in sources):
+        reads_ids = isinstance(layer, keras.layers.Embedding) and not type(layer).__module__.startswith("keras_hub")
+        if sources and all(source != MODEL_INPUT and isinstance(steps[source], Discrete) for source in sources) and not reads_ids:
             raise UnsupportedLayerError(
-                f"{type(layer).__name__} {layer.name!r} computes from boolean tensors only; heatinv reads boolean "
-                "tensors as Keras masks (an Embedding's mask_zero), not as values to explain."
+                f"{type(layer).__name__} {layer.name!r} computes from boolean or integer tensors only; heatinv reads "
+                "them as Keras masks (an Embedding's mask_zero) or as ids an Embedding looks up, not as values to explain."
             )
         single = call.sources[0] if len(call.sources) == 1 else None
         if isinstance(layer, _VANISH):
@@ -861,10 +864,10 @@ def canonize(model: keras.Model) -> list[Step]:
             _check_last_axis(layer)
             steps.append(Normalize(layer, sources))
         elif isinstance(layer, keras.layers.Embedding):
-            if sources != (MODEL_INPUT,):
+            if sources != (MODEL_INPUT,) and not isinstance(steps[sources[0]], Discrete):
                 raise UnsupportedLayerError(
                     f"Embedding {layer.name!r} reads another layer's output; heatinv explains an Embedding of the "
-                    "model's input (its integer token ids)."
+                    "model's input (its integer token ids) or of ids computed from them (segment ids)."
                 )
             steps.append(Embed(layer, sources))
         elif isinstance(layer, PositionEmbedding):
@@ -1004,11 +1007,15 @@ def _attention(layer: keras.layers.MultiHeadAttention, call, sources: tuple) -> 
     return Attention(layer, tuple(roles), projections, causal=bool(kwargs.get("use_causal_mask", False)))
 
 
-def _hub_step(layer: keras.layers.Layer, call, sources: tuple[int, ...]) -> Step:
-    """The step of a keras-hub layer's call (:mod:`heatinv.lrp.keras_hub`), or a refusal naming it."""
+def _hub_step(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps: list) -> Step:
+    """The step of a keras-hub layer's call (:mod:`heatinv.lrp.keras_hub`), or a refusal naming it.
+
+    A TransformerEncoder's ``padding_mask`` argument, computed from the ids, is its second source.
+    """
     given = {key for key, value in (call.arguments.kwargs if call.arguments is not None else {}).items() if value is not None}
-    extra = sorted(given - {"training"})
-    if extra or len(sources) != 1:
+    masks = [source for source in sources[1:] if source != MODEL_INPUT and isinstance(steps[source], Discrete)]
+    extra = sorted(given - {"training", *({"padding_mask"} if masks else ())})
+    if extra or len(sources) - len(masks) != 1:
         raise UnsupportedLayerError(
             f"keras-hub {type(layer).__name__} {layer.name!r} is called with {', '.join(extra) or f'{len(sources)} tensors'}; "
             "heatinv explains keras-hub layers called on one tensor, padding masked through the Keras mask of an "

@@ -32,15 +32,16 @@ class Call:
             (:data:`MODEL_INPUT` for the model's input).
         arguments: Keras's record of the call's arguments (tensors and constants), or None
             for a call inside a Sequential model (one tensor, no constants).
-        boolean: whether the call computes a boolean tensor: a Keras mask (an Embedding's
-            ``mask_zero`` padding, combined by merge layers), which Keras records as ops in the
-            graph when a layer takes it as an argument.
+        discrete: whether the call computes a boolean or integer tensor: a Keras mask (an
+            Embedding's ``mask_zero`` padding, combined by merge layers, which Keras records as
+            ops in the graph when a layer takes it as an argument), or ids computed from ids
+            (segment ids of zeros, a padding mask from the token ids).
     """
 
     operation: keras.Operation
     sources: tuple[int, ...]
     arguments: object | None = None
-    boolean: bool = False
+    discrete: bool = False
 
     @property
     def name(self) -> str:
@@ -91,36 +92,61 @@ def _expand(model: keras.Model, source: int, calls: list[Call]) -> int:
                 calls.append(Call(layer, (source,)))
                 source = len(calls) - 1
         return source
-    if not (hasattr(model, "_nodes_by_depth") and getattr(model, "inputs", None)):
-        raise UnsupportedLayerError(
-            f"Model {model.name!r} is a subclassed keras.Model: heatinv needs the layer graph. "
-            "Rebuild it as keras.Sequential or with the functional API."
-        )
+    _check_functional(model)
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise UnsupportedLayerError(
             f"Model {model.name!r} has {count(len(model.inputs), 'input')} and {count(len(model.outputs), 'output')}; "
             "heatinv explains models with one input and one output. Explain one output at a time, "
             "keras.Model(model.inputs, model.outputs[k]), and give a model of several inputs as one "
-            "(concatenate them before the model, split them inside it)."
+            "(concatenate them before the model, split them inside it; for keras-hub's text models, "
+            "heatinv.lrp.keras_hub.token_model(model))."
         )
-    produced = {id(model.inputs[0]): source}
+    return _expand_functional(model, (source,), calls)[0]
+
+
+def _expand_functional(model: keras.Model, sources: tuple[int, ...], calls: list[Call]) -> list[int]:
+    """Append a functional model's calls, its inputs fed by ``sources`` (in ``model.inputs``' order);
+    return the index of the call computing each of its outputs (in ``model.outputs``' order).
+
+    A nested model may take and give several tensors (keras-hub's backbones take a dict of ids and
+    masks and give a dict of outputs): Keras flattens both in the same order as the call's tensors.
+    """
+    _check_functional(model)
+    produced = {id(tensor): source for tensor, source in zip(model.inputs, sources)}
     for depth in sorted(model._nodes_by_depth, reverse=True):
         for node in model._nodes_by_depth[depth]:
             if node.is_input or isinstance(node.operation, keras.layers.InputLayer):
                 continue
-            sources = tuple(produced[id(tensor)] for tensor in node.input_tensors)
+            given = tuple(produced[id(tensor)] for tensor in node.input_tensors)
             operation = node.operation
-            if len(node.outputs) != 1:
+            if isinstance(operation, keras.Model) and not isinstance(operation, keras.Sequential):
+                if len(given) != len(operation.inputs):
+                    raise UnsupportedLayerError(
+                        f"Nested model {operation.name!r} is called with {len(given)} tensors for its "
+                        f"{count(len(operation.inputs), 'input')}; heatinv needs one tensor per input."
+                    )
+                outputs = _expand_functional(operation, given, calls)
+            elif len(node.outputs) != 1:
                 raise UnsupportedLayerError(
                     f"{type(operation).__name__} {operation.name!r} in model {model.name!r} has "
                     f"{len(node.outputs)} outputs; heatinv explains layers and ops with one output."
                 )
-            if isinstance(operation, keras.Model):
-                if len(sources) != 1:
-                    raise UnsupportedLayerError(f"Nested model {operation.name!r} takes {len(sources)} inputs; heatinv needs one.")
-                index = _expand(operation, sources[0], calls)
+            elif isinstance(operation, keras.Model):
+                if len(given) != 1:
+                    raise UnsupportedLayerError(f"Nested model {operation.name!r} takes {len(given)} inputs; heatinv needs one.")
+                outputs = [_expand(operation, given[0], calls)]
             else:
-                calls.append(Call(operation, sources, node.arguments, node.outputs[0].dtype == "bool"))
-                index = len(calls) - 1
-            produced[id(node.outputs[0])] = index
-    return produced[id(model.outputs[0])]
+                dtype = str(node.outputs[0].dtype)
+                calls.append(Call(operation, given, node.arguments, dtype == "bool" or "int" in dtype))
+                outputs = [len(calls) - 1]
+            for tensor, index in zip(node.outputs, outputs):
+                produced[id(tensor)] = index
+    return [produced[id(tensor)] for tensor in model.outputs]
+
+
+def _check_functional(model: keras.Model) -> None:
+    if not (hasattr(model, "_nodes_by_depth") and getattr(model, "inputs", None)):
+        raise UnsupportedLayerError(
+            f"Model {model.name!r} is a subclassed keras.Model: heatinv needs the layer graph. "
+            "Rebuild it as keras.Sequential or with the functional API."
+        )

@@ -108,11 +108,13 @@ class EncoderBlock:
     def name(self) -> str:
         return self.layer.name
 
-    def forward(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> EncoderValues:
+    def forward(self, x: tf.Tensor, mask: tf.Tensor | None = None, padding: tf.Tensor | None = None) -> EncoderValues:
+        """``mask``: the input's Keras mask (rows and columns of the attention); ``padding``: the call's
+        ``padding_mask`` argument (columns, as keras-hub merges it into the attention mask)."""
         first = self.layer.normalize_first
         norm1, norm2 = self.norms
         attention_input = norm1(x) if first else x
-        attention = self.attention.forward(attention_input, attention_input, masks=(mask, mask))
+        attention = self.attention.forward(attention_input, attention_input, masks=(mask, mask, padding))
         first_sum = self.attention.output(attention) + x
         feedforward_input = norm2(first_sum) if first else norm1(first_sum)
         (up, down), dtype = self.dense, x.dtype
@@ -132,8 +134,8 @@ class EncoderBlock:
     def output(self, values: EncoderValues) -> tf.Tensor:
         return values.second_sum if self.layer.normalize_first else self.norms[1](values.second_sum)
 
-    def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor:
-        return self.output(self.forward(x, mask))
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None, padding: tf.Tensor | None = None) -> tf.Tensor:
+        return self.output(self.forward(x, mask, padding))
 
     def relevance(self, values: EncoderValues, relevance: tf.Tensor, composite) -> list[tf.Tensor]:
         """The relevance of the block's input, from that of its output."""
@@ -166,3 +168,44 @@ class EncoderBlock:
         if first:
             to_attention_input = norm(norm1, values.x, to_attention_input)
         return [to_x + to_attention_input]
+
+
+def token_model(model: keras.Model, padding_id: int = 0) -> keras.Model:
+    """A keras-hub text model of a dict of inputs as a model of token ids alone, for LRP.
+
+    keras-hub's text backbones and classifiers (BERT, RoBERTa, ...) take ``{"token_ids",
+    "padding_mask", "segment_ids"}``; heatinv explains a model of one input. The returned model
+    takes ``[batch, tokens]`` ids and computes the padding mask (``ids != padding_id``) and segment
+    ids (all 0: one segment) from them, so only the ids carry relevance.
+
+    Args:
+        model: a functional keras-hub model (a task such as ``BertTextClassifier`` without its
+            preprocessor, or a backbone) whose inputs are a dict holding ``token_ids``.
+        padding_id: the id of the padding token.
+
+    Returns:
+        A functional model ``[batch, tokens]`` int32 ids ``->`` ``model``'s output.
+
+    Example:
+    >>> classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None)  # doctest: +SKIP
+    >>> R = relevance(token_model(classifier), ids, target=1, composite="attnlrp")  # doctest: +SKIP
+    """
+    try:
+        structure = model.input
+    except (AttributeError, ValueError):  # a model never called (a Sequential) has no input structure
+        structure = None
+    if not isinstance(structure, dict) or "token_ids" not in structure:
+        raise ValueError(
+            f"token_model takes a model whose inputs are a dict with 'token_ids' (keras-hub's text models); model "
+            f"{model.name!r} takes {type(structure).__name__} {structure!r}."
+        )
+    unknown = sorted(set(structure) - {"token_ids", "padding_mask", "segment_ids"})
+    if unknown:
+        raise ValueError(f"token_model fills 'padding_mask' and 'segment_ids' from the ids; model {model.name!r} also takes {unknown}.")
+    ids = keras.Input((None,), dtype=structure["token_ids"].dtype, name="token_ids")
+    given = {"token_ids": ids}
+    if "padding_mask" in structure:
+        given["padding_mask"] = keras.ops.cast(keras.ops.not_equal(ids, padding_id), structure["padding_mask"].dtype)
+    if "segment_ids" in structure:
+        given["segment_ids"] = keras.ops.zeros_like(ids, dtype=structure["segment_ids"].dtype)
+    return keras.Model(ids, model(given), name=f"{model.name}_of_token_ids")

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.canonical import (
-    Boolean,
+    Discrete,
     Elementwise,
     Embed,
     Linear,
@@ -129,12 +129,12 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
     for i, step in enumerate(steps):
         operands = [x if source == MODEL_INPUT else values[source] for source in step.sources]
         given_masks = [None if source == MODEL_INPUT else keras_masks[source] for source in step.sources]
-        explicit = [operand for source, operand in zip(step.sources, operands) if _is_boolean(steps, source)]
-        if explicit and not isinstance(step, Boolean):  # a mask Keras recorded as the call's argument
-            operands = [o for source, o in zip(step.sources, operands) if not _is_boolean(steps, source)]
+        explicit = [operand for source, operand in zip(step.sources, operands) if _is_discrete(steps, source)]
+        if explicit and not isinstance(step, (Discrete, Embed)):  # a mask Keras recorded as the call's argument
+            operands = [o for source, o in zip(step.sources, operands) if not _is_discrete(steps, source)]
             given_masks = given_masks[: len(operands)]
         keras_masks.append(output_mask(step, operands, given_masks))
-        if isinstance(step, (Merge, Attention, Boolean)):
+        if isinstance(step, (Merge, Attention, Discrete)):
             inputs.append(operands)
             params.append(None)
             products.append(None)
@@ -154,7 +154,7 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
         if isinstance(step, EncoderBlock):
             params.append(None)
             products.append(None)
-            kept[i] = step.forward(a, given_masks[0])
+            kept[i] = step.forward(a, given_masks[0], explicit[0] if explicit else None)
             values.append(step.output(kept[i]))
             if not step.layer.normalize_first and step.sources[0] != MODEL_INPUT:
                 keras_masks[step.sources[0]] = None  # its attention read (and unmasked) its input tensor itself
@@ -190,8 +190,8 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
     return Forward(inputs, params, products, logits, values, masks, positives, kept, keras_masks, padding)
 
 
-def _is_boolean(steps: list[Step], source: int) -> bool:
-    return source != MODEL_INPUT and isinstance(steps[source], Boolean)
+def _is_discrete(steps: list[Step], source: int) -> bool:
+    return source != MODEL_INPUT and isinstance(steps[source], Discrete)
 
 
 def logit_step(steps: list[Step]) -> int:
@@ -263,7 +263,7 @@ def first_linear_steps(steps: list[Step]) -> set[int]:
         if any(source in reached for source in step.sources):
             if isinstance(step, Linear):
                 first.add(i)
-            elif not isinstance(step, (Embed, Attention, Boolean, EncoderBlock, Positions)):  # no first-layer rule beyond
+            elif not isinstance(step, (Embed, Attention, Discrete, EncoderBlock, Positions)):  # no first-layer rule beyond
                 reached.add(i)
     return first
 
@@ -537,6 +537,8 @@ def _shares(
         return [layer_norm_rule(a, relevance, scale, shift, centered, composite.stabilizer)]
     if isinstance(step, Shift):
         return sum_rule([a, step.shift(a)], relevance, composite.stabilizer)[:1]
+    if isinstance(step, Embed) and step.sources[0] != MODEL_INPUT:
+        return [None]  # computed ids (segments): the table absorbs the relevance, as a bias does
     if isinstance(step, Embed) and step.positions is not None:
         vectors = step.lookup(a)
         return sum_rule([vectors, position_table(step.positions, vectors)], relevance, composite.stabilizer)[:1]
