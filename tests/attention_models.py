@@ -150,3 +150,15 @@ def hub_bert(dtype: str = "float64", seed: int = 1, *, dropout=0.0) -> keras.Mod
     )
     classifier = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None, dtype=dtype)
     return randomize(classifier, seed)
+
+
+def hub_vit(dtype: str = "float64", seed: int = 1, *, pooling="token") -> keras.Model:
+    """keras-hub's ViTImageClassifier at a tiny config (8x8x1 images, 4x4 patches, 2 layers, width 8), random
+    weights, no preprocessor; ``pooling``: ``"token"`` (the class token) or ``"gap"``. Needs keras-hub."""
+    import keras_hub
+
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(8, 8, 1), patch_size=4, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16, dtype=dtype
+    )
+    classifier = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=3, pooling=pooling, preprocessor=None, dtype=dtype)
+    return randomize(classifier, seed)

@@ -168,6 +168,9 @@ class Twin:
         for call in self.calls:
             if type(call.operation).__name__ == "TransformerEncoder":  # keras-hub's: its norms are attributes
                 norms += [call.operation._self_attention_layer_norm, call.operation._feedforward_layer_norm]
+            if type(call.operation).__name__ == "ViTEncoder":
+                blocks = call.operation.encoder_layers
+                norms += [n for block in blocks for n in (block.layer_norm_1, block.layer_norm_2)] + [call.operation.layer_norm]
         self.norms = {id(layer): _LayerNorm(layer, dtype) for layer in norms}  # keras-hub's repeat their names
 
     def relevance(self, x: np.ndarray, targets) -> tuple[np.ndarray, np.ndarray]:
@@ -201,24 +204,27 @@ class Twin:
         self.embedded = self._weight(layer.embeddings)[ids].detach().requires_grad_(True)
         return self.embedded
 
-    def _encoder(self, layer, x, padding=None):
-        first = layer.normalize_first
-        norm1, norm2 = self.norms[id(layer._self_attention_layer_norm)], self.norms[id(layer._feedforward_layer_norm)]
-        layer_norm = self.patches.layer_norm_forward if self.rules else (
-            lambda n, t: _torch().nn.functional.layer_norm(t, t.shape[-1:], n.weight, n.bias, n.eps)
-        )
+    def _layer_norm(self, layer, x):
+        norm = self.norms[id(layer)]
+        if not self.rules:
+            return _torch().nn.functional.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
+        return self.patches.layer_norm_forward(norm, x)
+
+    def _block(self, first, norms, mha, dense, x, padding=None):
+        """keras-hub's TransformerEncoder.call (and its ViT's encoder block, pre-norm), in torch."""
+        norm1, norm2 = norms
         residual = x
-        h = layer_norm(norm1, x) if first else x
-        h = self._multi_head(layer._self_attention_layer, h, h, None, None, padding)
+        h = self._layer_norm(norm1, x) if first else x
+        h = self._multi_head(mha, h, h, None, None, padding)
         x = h + residual
         if not first:
-            x = layer_norm(norm1, x)
+            x = self._layer_norm(norm1, x)
         residual = x
-        h = layer_norm(norm2, x) if first else x
-        up, down = layer._feedforward_intermediate_dense, layer._feedforward_output_dense
+        h = self._layer_norm(norm2, x) if first else x
+        up, down = dense
         h = self._activate(h @ self._weight(up.kernel) + self._weight(up.bias), up.activation)
         x = h @ self._weight(down.kernel) + self._weight(down.bias) + residual
-        return x if first else layer_norm(norm2, x)
+        return x if first else self._layer_norm(norm2, x)
 
     def _run(self, call, operands):
         torch = _torch()
@@ -237,7 +243,29 @@ class Twin:
             x = operands[0]
             return self._weight(layer.position_embeddings)[: x.shape[1]].expand(x.shape)
         if type(layer).__name__ == "TransformerEncoder":  # keras-hub's, as its call computes it
-            return self._encoder(layer, operands[0], operands[1] if len(operands) > 1 else None)
+            dense = (layer._feedforward_intermediate_dense, layer._feedforward_output_dense)
+            norms = (layer._self_attention_layer_norm, layer._feedforward_layer_norm)
+            padding = operands[1] if len(operands) > 1 else None
+            return self._block(layer.normalize_first, norms, layer._self_attention_layer, dense, operands[0], padding)
+        if type(layer).__name__ == "ViTPatchingAndEmbedding":  # keras-hub's ViT: patches, class token, positions
+            conv = layer.patch_embedding
+            z = torch.nn.functional.conv2d(
+                operands[0].permute(0, 3, 1, 2), self._weight(conv.kernel).permute(3, 2, 0, 1), stride=tuple(conv.strides)
+            ).permute(0, 2, 3, 1)
+            z = z + self._weight(conv.bias) if conv.use_bias else z
+            tokens = z.reshape(z.shape[0], -1, z.shape[-1])
+            if layer.use_class_token:
+                tokens = torch.cat([self._weight(layer.class_token).expand(z.shape[0], 1, -1), tokens], dim=1)
+            return tokens + self._weight(layer.position_embedding.embeddings)[None]
+        if type(layer).__name__ == "ViTEncoder":
+            x = operands[0]
+            for block in layer.encoder_layers:
+                norms, dense = (block.layer_norm_1, block.layer_norm_2), (block.mlp.dense_1, block.mlp.dense_2)
+                x = self._block(True, norms, block.mha, dense, x, None)
+            return self._layer_norm(layer.layer_norm, x)
+        if type(layer).__name__ == "Mean":
+            axis = layer.axis  # the op holds its axes
+            return operands[0].mean(dim=tuple(axis) if isinstance(axis, (list, tuple)) else axis, keepdim=layer.keepdims)
         if isinstance(layer, PositionEmbedding):
             x = operands[0]
             return x + self._weight(layer.embeddings)[: x.shape[1]]
@@ -252,10 +280,7 @@ class Twin:
         if isinstance(layer, keras.layers.EinsumDense):
             return self._activate(self._einsum_dense(layer, operands[0]), layer.activation)
         if isinstance(layer, keras.layers.LayerNormalization):
-            norm = self.norms[id(layer)]
-            if not self.rules:
-                return torch.nn.functional.layer_norm(operands[0], operands[0].shape[-1:], norm.weight, norm.bias, norm.eps)
-            return p.layer_norm_forward(norm, operands[0])
+            return self._layer_norm(layer, operands[0])
         if isinstance(layer, keras.layers.MultiHeadAttention):
             return self._attention(layer, call, operands)
         if type(layer).__name__ == "Add":  # the layer (any number of operands), or the op x + y

@@ -495,3 +495,30 @@ def test_token_model_names_what_it_needs():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="plain")
     with pytest.raises(ValueError, match=r"token_model takes a model whose inputs are a dict with 'token_ids'.*'plain'"):
         token_model(model)
+
+
+@needs_hub
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_keras_hub_vit_classifier_is_computed_as_keras_hub_computes_it(pooling):
+    """Its Input is float32 whatever the layers' dtype: images exact in float32 keep the comparison in float64."""
+    model = models.hub_vit(pooling=pooling)
+    x = models.images().astype("float32").astype("float64")
+    np.testing.assert_allclose(forward(canonize(model), tf.constant(x)).outputs.numpy(), model(x).numpy(), rtol=0, atol=1e-13)
+    for composite in ("attnlrp", "cp_lrp", "epsilon_gamma_box"):
+        R = relevance(model, x, [0, 2], composite=composite).numpy()
+        assert R.shape == x.shape and np.all(np.isfinite(R)) and np.abs(R).sum() > 0
+
+
+@needs_hub
+@pytest.mark.skipif(lxt_twins.LXT_MISSING is not None, reason=str(lxt_twins.LXT_MISSING))
+@pytest.mark.parametrize("composite", ["attnlrp", "cp_lrp"])
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_keras_hub_vit_heatmaps_equal_lxt(pooling, composite):
+    """Measured: at most 5.1e-9 relative L2."""
+    model = models.hub_vit(pooling=pooling)
+    x = models.images().astype("float32").astype("float64")
+    expected, twin_logits = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp").relevance(x, [0, 2])
+    np.testing.assert_allclose(twin_logits, model(x).numpy(), rtol=0, atol=TWIN_TOLERANCE * np.abs(twin_logits).max())
+    errors = relative_errors(relevance(model, x, [0, 2], composite=composite).numpy(), expected)
+    print(f"keras-hub ViT {pooling}/{composite}: relative L2 error vs LXT {errors.max():.1e}")
+    assert errors.max() <= TOLERANCE

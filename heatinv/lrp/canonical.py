@@ -44,7 +44,7 @@ from heatinv.layers import PositionEmbedding, SoftplusBeta
 from heatinv.lrp import einsum
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
-from heatinv.lrp.keras_hub import COVERED, EncoderBlock, Positions, hub_class, position_table
+from heatinv.lrp.keras_hub import COVERED, EncoderBlock, PatchEmbedding, Positions, hub_class, position_table, vit_encoder_steps
 from heatinv.lrp.one_channel import patches_of, single_channel_transpose, single_channel_transpose_each
 from heatinv.onednn import onednn_enabled
 
@@ -55,7 +55,7 @@ SUPPORTED = (
     "TransformerEncoder, PositionEmbedding and TokenAndPositionEmbedding, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
     "MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, GlobalMaxPooling1D/2D, "
     "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, a constant slice (x[:, 0]), Add, Average, Subtract, "
-    "Concatenate, Multiply, Dropout, SpatialDropout1D/2D, Identity, InputLayer, noise and random augmentation "
+    "Concatenate, Multiply, keras.ops.mean, Dropout, SpatialDropout1D/2D, Identity, InputLayer, noise and random augmentation "
     "(GaussianNoise, RandomFlip, RandomRotation, ...: identity in inference), Activation (any "
     "activation), ReLU, LeakyReLU, ELU, Softmax, heatinv.layers.SoftplusBeta, BatchNormalization "
     "(over the last axis), Rescaling, Normalization, and Keras ops between one tensor and a "
@@ -416,12 +416,17 @@ def _concat_channels(pieces: list[tf.Tensor]) -> tf.Tensor:
 class Pool:
     """A pooling layer: ``average`` (norm rule) or ``max`` (winner takes all)."""
 
-    layer: keras.layers.Layer
+    layer: keras.Operation
     kind: str
     sources: tuple[int, ...] = (MODEL_INPUT,)
+    arguments: object | None = field(default=None, repr=False)
 
     def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor:
-        """The pooling; ``mask``: the input's Keras mask, which GlobalAveragePooling1D averages over."""
+        """The pooling; ``mask``: the input's Keras mask, which GlobalAveragePooling1D averages over.
+        A ``keras.ops.mean`` written into the model is an average over its axes."""
+        if self.arguments is not None:
+            args, kwargs = self.arguments.fill_in({id(self.arguments.keras_tensors[0]): x})
+            return self.layer(*args, **kwargs)
         return self.layer.call(x) if mask is None else self.layer.call(x, mask=mask)
 
     @property
@@ -831,7 +836,7 @@ def canonize(model: keras.Model) -> list[Step]:
             step_of[index] = len(steps) - 1
             continue
         if type(layer).__module__.startswith("keras_hub") and not _has_rule(type(layer)):
-            steps.append(_hub_step(layer, call, sources, steps))
+            steps.extend(_hub_steps(layer, call, sources, steps))
             step_of[index] = len(steps) - 1
             continue
         _check_own_call(layer)
@@ -888,6 +893,8 @@ def canonize(model: keras.Model) -> list[Step]:
             steps.append(Reshape(layer, sources))
         elif isinstance(layer, _REARRANGE):
             steps.append(Rearrange(layer, sources))
+        elif not isinstance(layer, keras.layers.Layer) and type(layer).__name__ == "Mean" and len(sources) == 1:
+            steps.append(Pool(layer, "average", sources, call.arguments))  # keras-hub's ViT averages its tokens so
         elif not isinstance(layer, keras.layers.Layer) and type(layer).__name__ == "GetItem" and len(sources) == 1:
             steps.append(Rearrange(layer, sources, call.arguments))
         elif type(layer) in _MERGE:
@@ -1007,8 +1014,8 @@ def _attention(layer: keras.layers.MultiHeadAttention, call, sources: tuple) -> 
     return Attention(layer, tuple(roles), projections, causal=bool(kwargs.get("use_causal_mask", False)))
 
 
-def _hub_step(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps: list) -> Step:
-    """The step of a keras-hub layer's call (:mod:`heatinv.lrp.keras_hub`), or a refusal naming it.
+def _hub_steps(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps: list) -> list[Step]:
+    """The steps of a keras-hub layer's call (:mod:`heatinv.lrp.keras_hub`), or a refusal naming it.
 
     A TransformerEncoder's ``padding_mask`` argument, computed from the ids, is its second source.
     """
@@ -1024,15 +1031,20 @@ def _hub_step(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps: 
     if hub_class(layer, "TokenAndPositionEmbedding"):
         if sources != (MODEL_INPUT,):
             raise UnsupportedLayerError(f"keras-hub TokenAndPositionEmbedding {layer.name!r} must read the model's input (token ids).")
-        return Embed(layer.token_embedding, sources, positions=layer.position_embedding)
+        return [Embed(layer.token_embedding, sources, positions=layer.position_embedding)]
     if hub_class(layer, "PositionEmbedding"):
-        return Positions(layer, sources)
+        return [Positions(layer, sources)]
     if hub_class(layer, "TransformerEncoder"):
         mha = layer._self_attention_layer
         projections = tuple(Linear(dense) for dense in (mha.query_dense, mha.key_dense, mha.value_dense, mha.output_dense))
         norms = (Normalize(layer._self_attention_layer_norm), Normalize(layer._feedforward_layer_norm))
         dense = (Linear(layer._feedforward_intermediate_dense), Linear(layer._feedforward_output_dense))
-        return EncoderBlock(layer, sources, Attention(mha, (sources[0], sources[0]), projections), norms, dense)
+        return [EncoderBlock(layer, sources, Attention(mha, (sources[0], sources[0]), projections), norms, dense, layer.normalize_first)]
+    if type(layer).__name__ == "ViTPatchingAndEmbedding" and layer.data_format == "channels_last":
+        _check_linear(layer.patch_embedding)
+        return [PatchEmbedding(layer, sources, Linear(layer.patch_embedding))]
+    if type(layer).__name__ == "ViTEncoder":
+        return vit_encoder_steps(layer, sources[0], len(steps), Linear, Normalize)
     raise UnsupportedLayerError(
         f"keras-hub layer {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv; of keras-hub's "
         f"layers heatinv explains {', '.join(COVERED)}. Rebuild that part from Keras layers (MultiHeadAttention, "

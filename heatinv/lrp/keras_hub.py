@@ -12,7 +12,10 @@ hand relevance back through the parts with the rules of the parts:
 - ``keras_hub.layers.PositionEmbedding``: :class:`Positions`, the position table shaped like
   its input, which gives the input no relevance (only its shape is read);
 - ``keras_hub.layers.TokenAndPositionEmbedding``: an Embed step with its position table
-  (:class:`heatinv.lrp.canonical.Embed`).
+  (:class:`heatinv.lrp.canonical.Embed`);
+- the ViT's ``ViTPatchingAndEmbedding``: :class:`PatchEmbedding` (a convolution, a learned class
+  token and a position table), and its ``ViTEncoder``: one :class:`EncoderBlock` (pre-norm) per
+  ``ViTEncoderBlock`` and a LayerNormalization.
 
 Which keras-hub layers these are is decided by class, from ``keras_hub`` where it is
 imported (a model holding its layers imports it); heatinv itself does not import it.
@@ -30,7 +33,7 @@ import tensorflow as tf
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.rules import layer_norm_rule, sum_rule
 
-COVERED = ("TransformerEncoder", "PositionEmbedding", "TokenAndPositionEmbedding")
+COVERED = ("TransformerEncoder", "PositionEmbedding", "TokenAndPositionEmbedding", "ViTPatchingAndEmbedding", "ViTEncoder")
 """The keras-hub layers heatinv explains; any other keras-hub layer is refused by name."""
 
 
@@ -103,6 +106,7 @@ class EncoderBlock:
     attention: Attention
     norms: tuple[Any, Any]
     dense: tuple[Any, Any]
+    normalize_first: bool
 
     @property
     def name(self) -> str:
@@ -111,7 +115,7 @@ class EncoderBlock:
     def forward(self, x: tf.Tensor, mask: tf.Tensor | None = None, padding: tf.Tensor | None = None) -> EncoderValues:
         """``mask``: the input's Keras mask (rows and columns of the attention); ``padding``: the call's
         ``padding_mask`` argument (columns, as keras-hub merges it into the attention mask)."""
-        first = self.layer.normalize_first
+        first = self.normalize_first
         norm1, norm2 = self.norms
         attention_input = norm1(x) if first else x
         attention = self.attention.forward(attention_input, attention_input, masks=(mask, mask, padding))
@@ -132,14 +136,14 @@ class EncoderBlock:
         )
 
     def output(self, values: EncoderValues) -> tf.Tensor:
-        return values.second_sum if self.layer.normalize_first else self.norms[1](values.second_sum)
+        return values.second_sum if self.normalize_first else self.norms[1](values.second_sum)
 
     def __call__(self, x: tf.Tensor, mask: tf.Tensor | None = None, padding: tf.Tensor | None = None) -> tf.Tensor:
         return self.output(self.forward(x, mask, padding))
 
     def relevance(self, values: EncoderValues, relevance: tf.Tensor, composite) -> list[tf.Tensor]:
         """The relevance of the block's input, from that of its output."""
-        first, (norm1, norm2), (up, down) = self.layer.normalize_first, self.norms, self.dense
+        first, (norm1, norm2), (up, down) = self.normalize_first, self.norms, self.dense
         rule, stabilizer, dtype = composite.dense, composite.stabilizer, relevance.dtype
 
         def dense(linear, a, r, product):
@@ -169,6 +173,71 @@ class EncoderBlock:
             to_attention_input = norm(norm1, values.x, to_attention_input)
         return [to_x + to_attention_input]
 
+
+
+@dataclass
+class PatchEmbedding:
+    """keras-hub's ViTPatchingAndEmbedding: ``[cls, patches W + b] + P`` (channels last).
+
+    The image's patches go through the layer's Conv2D (the composite's rule for a first conv
+    layer), the learned class token is put in front, a position table is added. Relevance: the
+    sum splits in proportion (the table absorbs its share), the class token keeps its own (it is
+    a weight), the patch tokens' relevance goes back through the convolution to the pixels.
+
+    Attributes:
+        layer: the keras-hub layer.
+        sources: the step feeding it (the image).
+        conv: its Conv2D as a :class:`~heatinv.lrp.canonical.Linear` step.
+    """
+
+    layer: keras.layers.Layer
+    sources: tuple[int, ...]
+    conv: Any
+
+    @property
+    def name(self) -> str:
+        return self.layer.name
+
+    def parts(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``(z, tokens, positions)``: the convolution's output, the tokens before and the table."""
+        kernel, bias = self.conv.params(x.dtype)
+        z = self.conv.affine(x, kernel, bias)
+        tokens = tf.reshape(z, [tf.shape(z)[0], -1, z.shape[-1]])
+        if self.layer.use_class_token:
+            token = tf.cast(self.layer.class_token, x.dtype)
+            tokens = tf.concat([tf.tile(token, [tf.shape(z)[0], 1, 1]), tokens], axis=1)
+        positions = tf.cast(self.layer.position_embedding.embeddings, x.dtype)[None]
+        return z, tokens, positions
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        _, tokens, positions = self.parts(x)
+        return tokens + positions
+
+    def relevance(self, x: tf.Tensor, relevance: tf.Tensor, composite) -> list[tf.Tensor]:
+        z, tokens, positions = self.parts(x)
+        to_tokens = sum_rule([tokens, positions], relevance, composite.stabilizer)[0]
+        if self.layer.use_class_token:
+            to_tokens = to_tokens[:, 1:]
+        rule = composite.rule_for("conv", is_first=True)
+        kernel, bias = self.conv.params(x.dtype)
+        return [rule(x, kernel, bias, tf.reshape(to_tokens, tf.shape(z)), self.conv)]
+
+
+def vit_encoder_steps(layer, source: int, first_index: int, linear: type, normalize: type) -> list:
+    """keras-hub's ViTEncoder as steps: a pre-norm :class:`EncoderBlock` per block, then its LayerNormalization.
+
+    ``first_index``: the index the first of them will have; ``linear``, ``normalize``: the
+    engine's Linear and Normalize step classes (passed in, not imported: they import this module).
+    """
+    steps = []
+    for block in layer.encoder_layers:
+        projections = tuple(linear(d) for d in (block.mha.query_dense, block.mha.key_dense, block.mha.value_dense, block.mha.output_dense))
+        norms = (normalize(block.layer_norm_1), normalize(block.layer_norm_2))
+        dense = (linear(block.mlp.dense_1), linear(block.mlp.dense_2))
+        steps.append(EncoderBlock(block, (source,), Attention(block.mha, (source, source), projections), norms, dense, True))
+        source = first_index + len(steps) - 1
+    steps.append(normalize(layer.layer_norm, (source,)))
+    return steps
 
 def token_model(model: keras.Model, padding_id: int = 0) -> keras.Model:
     """A keras-hub text model of a dict of inputs as a model of token ids alone, for LRP.

@@ -35,7 +35,7 @@ from heatinv.lrp.canonical import (
 )
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
-from heatinv.lrp.keras_hub import EncoderBlock, Positions, position_table
+from heatinv.lrp.keras_hub import EncoderBlock, PatchEmbedding, Positions, position_table
 from heatinv.lrp.max_pool import max_pool_with_mask, winner_takes_all
 from heatinv.lrp.rules import (
     UNSCALED_RULES,
@@ -156,7 +156,7 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             products.append(None)
             kept[i] = step.forward(a, given_masks[0], explicit[0] if explicit else None)
             values.append(step.output(kept[i]))
-            if not step.layer.normalize_first and step.sources[0] != MODEL_INPUT:
+            if not step.normalize_first and step.sources[0] != MODEL_INPUT:
                 keras_masks[step.sources[0]] = None  # its attention read (and unmasked) its input tensor itself
             continue
         if isinstance(step, Linear):
@@ -263,7 +263,7 @@ def first_linear_steps(steps: list[Step]) -> set[int]:
         if any(source in reached for source in step.sources):
             if isinstance(step, Linear):
                 first.add(i)
-            elif not isinstance(step, (Embed, Attention, Discrete, EncoderBlock, Positions)):  # no first-layer rule beyond
+            elif not isinstance(step, (Embed, Attention, Discrete, EncoderBlock, Positions, PatchEmbedding)):  # no first-layer rule beyond
                 reached.add(i)
     return first
 
@@ -450,6 +450,8 @@ def backward(
             shares = step.relevance(fwd.kept[i], r, composite.dense, composite.attention, composite.stabilizer)
         elif isinstance(step, EncoderBlock):
             shares = step.relevance(fwd.kept[i], r, composite)
+        elif isinstance(step, PatchEmbedding):
+            shares = step.relevance(a, r, composite)
         else:
             shares = _shares(
                 step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative,
