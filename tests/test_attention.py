@@ -30,6 +30,7 @@ from heatinv.lrp import LRP, UnsupportedLayerError, relevance, resolve
 from heatinv.lrp.canonical import canonize
 from heatinv.lrp.keras_hub import token_model
 from heatinv.lrp.propagate import forward
+from heatinv.lrp.rules import layer_norm_rule
 
 DTYPE = "float64"
 
@@ -522,3 +523,21 @@ def test_keras_hub_vit_heatmaps_equal_lxt(pooling, composite):
     errors = relative_errors(relevance(model, x, [0, 2], composite=composite).numpy(), expected)
     print(f"keras-hub ViT {pooling}/{composite}: relative L2 error vs LXT {errors.max():.1e}")
     assert errors.max() <= TOLERANCE
+
+
+def test_rms_normalization_is_computed_as_keras_does_and_passes_relevance_on():
+    """RMSNormalization has no centering and no shift: with 1/sigma held constant its rule hands each
+    entry the relevance of its output (LRP-0 of ``z = a * scale``: ``a * scale * R / z``)."""
+    inputs = keras.Input((3, 4), dtype=DTYPE)
+    x = keras.layers.RMSNormalization(dtype=DTYPE, name="rms")(keras.layers.Dense(4, dtype=DTYPE)(inputs))
+    model = models.randomize(keras.Model(inputs, keras.layers.Dense(2, dtype=DTYPE)(keras.layers.Flatten(dtype=DTYPE)(x))), 2)
+    data = np.random.default_rng(1).normal(size=(2, 3, 4))
+    explainer = LRP(model, "attnlrp")
+    fwd = forward(explainer.steps, tf.constant(data))
+    np.testing.assert_allclose(fwd.outputs.numpy(), model(data).numpy(), rtol=0, atol=1e-13)
+    index = next(i for i, step in enumerate(explainer.steps) if step.name == "rms")
+    a = fwd.inputs[index]
+    scale, shift, centered = explainer.steps[index].parts(a)
+    assert shift is None and not centered
+    R = np.random.default_rng(2).normal(size=a.shape)
+    np.testing.assert_allclose(layer_norm_rule(a, tf.constant(R), scale, shift, centered, 1e-12).numpy(), R, rtol=1e-9)

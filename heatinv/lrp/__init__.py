@@ -10,7 +10,9 @@ TensorShape([2, 4])
 
 Every operation is an ordinary TensorFlow op on the model's live variables, so a
 ``tf.GradientTape`` differentiates the heatmap with respect to the weights and the input,
-eagerly, inside ``tf.function`` and with ``jit_compile=True``.
+eagerly, inside ``tf.function`` and with ``jit_compile=True``. Transformers (attention,
+LayerNorm, token ids) are explained by AttnLRP or CP-LRP (``composite="attnlrp"``,
+``"cp_lrp"``; :mod:`heatinv.lrp.attention`).
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ class LRP:
     Args:
         model: a built Keras 3 model, Sequential or functional (one input, one output; see
             :data:`SUPPORTED` for the layers).
-        composite: a name from :data:`COMPOSITES` or a mapping ``{"first", "dense", "conv"}``
-            of rule names (or ``{"name": rule, **params}``).
+        composite: a name from :data:`COMPOSITES` (``attnlrp`` and ``cp_lrp`` for transformers)
+            or a mapping ``{"first", "dense", "conv"}`` of rule names (or ``{"name": rule,
+            **params}``), optionally with ``"attention"`` (``"attnlrp"`` or ``"cp"``) and
+            ``"stabilizer"`` (:mod:`heatinv.lrp.composites`).
         low, high: the input range, for the ``zbox`` rule.
         epsilon: the epsilon rule's epsilon.
         gamma: the gamma rule's gamma.
