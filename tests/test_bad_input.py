@@ -108,9 +108,9 @@ def test_model_with_a_lambda_layer_is_refused_by_safe_mode(config, tmp_path):
 
 def test_model_with_an_unsupported_layer(config, tmp_path):
     model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(8),
-                              keras.layers.LayerNormalization(name="ln"), keras.layers.Dense(10)])
-    model.save(tmp_path / "ln.keras")
-    expect(UnsupportedLayerError, config("model=file", f"model.path={tmp_path}/ln.keras"), "'ln'", "LayerNormalization",
+                              keras.layers.UnitNormalization(name="un"), keras.layers.Dense(10)])
+    model.save(tmp_path / "un.keras")
+    expect(UnsupportedLayerError, config("model=file", f"model.path={tmp_path}/un.keras"), "'un'", "UnitNormalization",
            "Supported layers")
 
 
