@@ -541,3 +541,54 @@ def test_rms_normalization_is_computed_as_keras_does_and_passes_relevance_on():
     assert shift is None and not centered
     R = np.random.default_rng(2).normal(size=a.shape)
     np.testing.assert_allclose(layer_norm_rule(a, tf.constant(R), scale, shift, centered, 1e-12).numpy(), R, rtol=1e-9)
+
+
+# --- found by review: each failed before its fix ----------------------------------------------
+
+
+def test_an_embedding_of_ids_changed_by_an_op_is_refused_by_name():
+    ids = keras.Input((4,), dtype="int32")
+    x = keras.layers.Embedding(10, 4, name="clipped")(keras.ops.minimum(ids, 9))
+    model = keras.Model(ids, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(x)))
+    with pytest.raises(UnsupportedLayerError, match=r"Embedding 'clipped' reads another layer's or op's output"):
+        LRP(model, "attnlrp")
+
+
+def test_zbox_composites_on_transformers_give_a_map_or_a_clear_refusal():
+    model, ids = case("text_first")
+    R = relevance(model, ids, 0, composite="epsilon_gamma_box").numpy()  # token ids: no first layer, no box
+    assert R.shape == ids.shape and np.all(np.isfinite(R))
+    inputs = keras.Input((3, 4), dtype=DTYPE)
+    normed = keras.layers.LayerNormalization(dtype=DTYPE, name="early_norm")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, dtype=DTYPE)(keras.layers.Flatten(dtype=DTYPE)(normed)))
+    with pytest.raises(UnsupportedLayerError, match=r"'early_norm' \(LayerNormalization\) comes before the first Dense/Conv"):
+        relevance(model, np.ones((1, 3, 4)), 0, composite="epsilon_gamma_box")
+
+
+def test_a_padding_mask_reaching_a_pooling_that_ignores_masks_is_left_alone():
+    ids = keras.Input((6,), dtype="int32")
+    x = keras.layers.Embedding(10, 4, mask_zero=True, dtype=DTYPE)(ids)
+    x = keras.layers.AveragePooling1D(2, dtype=DTYPE)(keras.layers.Dense(4, dtype=DTYPE)(x))
+    model = models.randomize(keras.Model(ids, keras.layers.Dense(2, dtype=DTYPE)(keras.layers.Flatten(dtype=DTYPE)(x))), 3)
+    data = np.array([[3, 4, 5, 0, 0, 0]], "int32")
+    np.testing.assert_allclose(forward(canonize(model), tf.constant(data)).outputs.numpy(), model(data).numpy(), rtol=0, atol=1e-13)
+
+
+def test_quantized_attention_projections_are_refused():
+    inputs = keras.Input((3, 4))
+    mha = keras.layers.MultiHeadAttention(1, 2, name="mha")
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(mha(inputs, inputs))))
+    mha.query_dense.quantize("int8")
+    with pytest.raises(UnsupportedLayerError, match=r"is quantized \(int8\)"):
+        LRP(model, "attnlrp")
+
+
+def test_an_attention_subclass_with_its_own_attention_is_refused():
+    class Tempered(keras.layers.MultiHeadAttention):
+        def _masked_softmax(self, scores, attention_mask=None):
+            return super()._masked_softmax(scores * 2.0, attention_mask)
+
+    inputs = keras.Input((3, 4))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(Tempered(1, 2, name="tempered")(inputs, inputs))))
+    with pytest.raises(UnsupportedLayerError, match=r"'tempered' of class Tempered extends MultiHeadAttention but overrides _masked_softmax"):
+        LRP(model, "attnlrp")

@@ -155,7 +155,7 @@ class LRP:
         else:
             entering, start = fwd.outputs * mask, len(self.steps) - 1
         bounds = None
-        if self.composite.first is not None and self.composite.first.name == "zbox":
+        if self.composite.first is not None and self.composite.first.name == "zbox" and not self.tokens:
             first = self.composite.first.keywords
             bounds = carry_bounds(self.steps, x, first.get("low", 0.0), first.get("high", 1.0))
         R = backward(self.steps, fwd, entering, self.composite, start, bounds)

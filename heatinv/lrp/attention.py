@@ -30,11 +30,13 @@ from heatinv.lrp.rules import softmax_rule, uniform_rule
 ATTENTION_RULES = ("attnlrp", "cp")
 """How relevance crosses the attention weights: AttnLRP's uniform and softmax rules, or CP-LRP's constant ``A``."""
 
-MASKED_SCORE = -1e9
-"""What Keras's masked softmax puts in place of a masked score (``keras.layers.Softmax``, the einsum path)."""
-
-FUSED_MASKED_SCORE = -0.7 * 3.38953e38
-"""What Keras's fused ``dot_product_attention`` puts there (TensorFlow backend, float32 and float64)."""
+def masked_score(dtype: tf.DType, fused: bool) -> float:
+    """What Keras puts in place of a masked score: its fused ``dot_product_attention`` 0.7 of the largest
+    float (of float16's 65500 in float16, TensorFlow backend), its ``keras.layers.Softmax`` -1e9 (-3e4)."""
+    half = dtype == tf.float16
+    if fused:
+        return -0.7 * (65500.0 if half else 3.38953e38)
+    return -3e4 if half else -1e9
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Attention:
         scores = tf.einsum(self.layer._dot_product_equation, k, q)
         mask = self._mask(query, key, *masks)
         fused = self.layer.dropout == 0.0
-        masked = scores if mask is None else tf.where(mask, scores, tf.cast(FUSED_MASKED_SCORE if fused else MASKED_SCORE, dtype))
+        masked = scores if mask is None else tf.where(mask, scores, tf.cast(masked_score(dtype, fused), dtype))
         weights = tf.nn.softmax(masked, axis=-1)
         if mask is not None and not fused:
             weights = tf.where(mask, weights, tf.zeros_like(weights))

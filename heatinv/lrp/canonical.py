@@ -34,6 +34,7 @@ variable: there is nothing to undo, and an optimizer never updates a stale copy.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -618,6 +619,10 @@ class Merge:
         return self.layer.name
 
 
+CONSTANT_IDS = ("ZerosLike", "OnesLike", "FullLike")
+"""Ops whose ids do not depend on the input's values: an Embedding of them is a table whose rows absorb relevance."""
+
+
 @dataclass
 class Discrete:
     """A Keras op that computes a mask or ids: ``ids != 0`` for an Embedding's ``mask_zero``, masks
@@ -740,6 +745,14 @@ class Shift:
 Step = Union[
     Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Discrete, EncoderBlock, Positions
 ]
+
+
+def takes_mask(step: Step) -> bool:
+    """Whether the step's layer applies a Keras mask itself (GlobalAveragePooling1D, Softmax); others ignore it."""
+    layer = step.layer
+    if not isinstance(layer, keras.layers.Layer):
+        return False
+    return "mask" in inspect.signature(layer.call).parameters and not isinstance(layer, keras.layers.BatchNormalization)
 
 
 def output_mask(step: Step, operands: list, masks: list) -> tf.Tensor | None:
@@ -869,10 +882,14 @@ def canonize(model: keras.Model) -> list[Step]:
             _check_last_axis(layer)
             steps.append(Normalize(layer, sources))
         elif isinstance(layer, keras.layers.Embedding):
-            if sources != (MODEL_INPUT,) and not isinstance(steps[sources[0]], Discrete):
+            constant_ids = sources != (MODEL_INPUT,) and isinstance(steps[sources[0]], Discrete) and (
+                type(steps[sources[0]].layer).__name__ in CONSTANT_IDS
+            )
+            if sources != (MODEL_INPUT,) and not constant_ids:
                 raise UnsupportedLayerError(
-                    f"Embedding {layer.name!r} reads another layer's output; heatinv explains an Embedding of the "
-                    "model's input (its integer token ids) or of ids computed from them (segment ids)."
+                    f"Embedding {layer.name!r} reads another layer's or op's output; heatinv explains an Embedding of "
+                    "the model's input (its integer token ids), or of ids that are the same for every input (one "
+                    "segment: keras.ops.zeros_like(ids)). Change the ids before the model, and give it them."
                 )
             steps.append(Embed(layer, sources))
         elif isinstance(layer, PositionEmbedding):
@@ -995,9 +1012,8 @@ def _attention(layer: keras.layers.MultiHeadAttention, call, sources: tuple) -> 
     if unsupported or isinstance(kwargs.get("use_causal_mask"), keras.KerasTensor):
         raise UnsupportedLayerError(
             f"MultiHeadAttention {layer.name!r} is called with {', '.join(unsupported) or 'a tensor use_causal_mask'}; "
-            "heatinv explains attention masked by use_causal_mask=True or the layer's sliding_window. Mask padding "
-            "by giving padded tokens no relevance in the target instead, or build the mask into the model with "
-            "use_causal_mask."
+            "heatinv explains attention masked by use_causal_mask=True, the layer's sliding_window, and padding "
+            "masked through Keras masks: give the Embedding mask_zero=True (id 0 is padding) instead of a mask argument."
         )
     problems = []
     if len(layer.attention_axes or (1,)) != 1 or layer.query_dense.kernel.shape.rank != 3:
@@ -1010,8 +1026,31 @@ def _attention(layer: keras.layers.MultiHeadAttention, call, sources: tuple) -> 
     roles = [source_of[id(given["query"])], source_of[id(given["value"])]]
     if given["key"] is not None:
         roles.append(source_of[id(given["key"])])
-    projections = tuple(Linear(dense) for dense in (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense))
+    projections = _projections(layer)
     return Attention(layer, tuple(roles), projections, causal=bool(kwargs.get("use_causal_mask", False)))
+
+
+def checked_linear(layer: keras.layers.Layer, sources: tuple[int, ...] = (MODEL_INPUT,)) -> Linear:
+    """A Linear step of a Dense or EinsumDense inside a bigger layer, checked as the graph's own are (not quantized)."""
+    _check_linear(layer)
+    return Linear(layer, sources=sources)
+
+
+def _projections(mha: keras.layers.MultiHeadAttention) -> tuple:
+    """The query, key, value and output EinsumDense layers of an attention, as checked Linear steps."""
+    _check_attention_class(mha)
+    return tuple(checked_linear(dense) for dense in (mha.query_dense, mha.key_dense, mha.value_dense, mha.output_dense))
+
+
+def _check_attention_class(mha: keras.layers.MultiHeadAttention) -> None:
+    """Refuse a subclass that computes its attention its own way (its ``call`` is checked with every layer's)."""
+    own = [name for name in ("_compute_attention", "_masked_softmax")
+           if getattr(type(mha), name) is not getattr(keras.layers.MultiHeadAttention, name)]
+    if own:
+        raise UnsupportedLayerError(
+            f"Layer {mha.name!r} of class {type(mha).__name__} extends MultiHeadAttention but overrides {', '.join(own)}, "
+            "so heatinv's rules for MultiHeadAttention would explain another function than the one it computes."
+        )
 
 
 def _hub_steps(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps: list) -> list[Step]:
@@ -1036,15 +1075,14 @@ def _hub_steps(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps:
         return [Positions(layer, sources)]
     if hub_class(layer, "TransformerEncoder"):
         mha = layer._self_attention_layer
-        projections = tuple(Linear(dense) for dense in (mha.query_dense, mha.key_dense, mha.value_dense, mha.output_dense))
+        projections = _projections(mha)
         norms = (Normalize(layer._self_attention_layer_norm), Normalize(layer._feedforward_layer_norm))
-        dense = (Linear(layer._feedforward_intermediate_dense), Linear(layer._feedforward_output_dense))
+        dense = (checked_linear(layer._feedforward_intermediate_dense), checked_linear(layer._feedforward_output_dense))
         return [EncoderBlock(layer, sources, Attention(mha, (sources[0], sources[0]), projections), norms, dense, layer.normalize_first)]
     if type(layer).__name__ == "ViTPatchingAndEmbedding" and layer.data_format == "channels_last":
-        _check_linear(layer.patch_embedding)
-        return [PatchEmbedding(layer, sources, Linear(layer.patch_embedding))]
+        return [PatchEmbedding(layer, sources, checked_linear(layer.patch_embedding))]
     if type(layer).__name__ == "ViTEncoder":
-        return vit_encoder_steps(layer, sources[0], len(steps), Linear, Normalize)
+        return vit_encoder_steps(layer, sources[0], len(steps), _projections, checked_linear, Normalize)
     raise UnsupportedLayerError(
         f"keras-hub layer {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv; of keras-hub's "
         f"layers heatinv explains {', '.join(COVERED)}. Rebuild that part from Keras layers (MultiHeadAttention, "

@@ -223,15 +223,16 @@ class PatchEmbedding:
         return [rule(x, kernel, bias, tf.reshape(to_tokens, tf.shape(z)), self.conv)]
 
 
-def vit_encoder_steps(layer, source: int, first_index: int, linear: type, normalize: type) -> list:
+def vit_encoder_steps(layer, source: int, first_index: int, projections_of, linear, normalize: type) -> list:
     """keras-hub's ViTEncoder as steps: a pre-norm :class:`EncoderBlock` per block, then its LayerNormalization.
 
-    ``first_index``: the index the first of them will have; ``linear``, ``normalize``: the
-    engine's Linear and Normalize step classes (passed in, not imported: they import this module).
+    ``first_index``: the index the first of them will have; ``projections_of``, ``linear``,
+    ``normalize``: the engine's builders of an attention's projections, of a checked Linear
+    step and its Normalize step class (passed in, not imported: they import this module).
     """
     steps = []
     for block in layer.encoder_layers:
-        projections = tuple(linear(d) for d in (block.mha.query_dense, block.mha.key_dense, block.mha.value_dense, block.mha.output_dense))
+        projections = projections_of(block.mha)
         norms = (normalize(block.layer_norm_1), normalize(block.layer_norm_2))
         dense = (linear(block.mlp.dense_1), linear(block.mlp.dense_2))
         steps.append(EncoderBlock(block, (source,), Attention(block.mha, (source, source), projections), norms, dense, True))

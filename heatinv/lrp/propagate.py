@@ -20,6 +20,7 @@ import tensorflow as tf
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.canonical import (
     Discrete,
+    takes_mask,
     Elementwise,
     Embed,
     Linear,
@@ -180,7 +181,7 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             if isinstance(step, Pool) and step.kind == "max":
                 value, masks[i] = max_pool_with_mask(step, a)
                 values.append(value)
-            elif isinstance(step, (Pool, Elementwise)) and (explicit or given_masks[0] is not None):
+            elif isinstance(step, (Pool, Elementwise)) and (explicit or given_masks[0] is not None) and takes_mask(step):
                 padding[i] = explicit[0] if explicit else given_masks[0]
                 values.append(step(a, mask=padding[i]))
             else:
@@ -406,6 +407,14 @@ def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]
             source = step.sources[0]
             at_first[i] = tuple(0.0 if is_zero else bound for bound, is_zero in zip(box[source], zero[source]))
             continue
+        if isinstance(step, (PatchEmbedding, EncoderBlock, Embed, Discrete, Positions)):
+            continue  # holds its first linear layer, or follows one: no bounds are needed past it
+        if isinstance(step, (Normalize, Attention)):
+            raise UnsupportedLayerError(
+                f"{step.name!r} ({type(step.layer).__name__}) comes before the first Dense/Conv layer; the zbox rule "
+                "cannot carry its input bounds through a normalization or an attention. Use a composite without zbox "
+                "(attnlrp, cp_lrp or epsilon_plus)."
+            )
         lows = [box[source][0] for source in step.sources]
         highs = [box[source][1] for source in step.sources]
         if isinstance(step, Merge):
