@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 
 import side_by_side
@@ -47,27 +46,9 @@ COMPOSITES = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python scripts/bench_zennit.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of vgg16,cnn (default: both)")
-    parser.add_argument(
-        "--composites", default="epsilon_gamma_box", help=f"comma-separated, of {','.join(COMPOSITES)} (default: epsilon_gamma_box)"
+    return side_by_side.parse_args(
+        argv, "python scripts/bench_zennit.py", __doc__.split("\n")[0], MODELS, COMPOSITES, "epsilon_gamma_box", "zennit.json"
     )
-    parser.add_argument("--batch", type=int, default=16, help="examples per heatmap call (default 16)")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing blocks per variant (default 5)")
-    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timing block (default 0.2)")
-    parser.add_argument("--out", default=os.path.join("outputs", "bench", "zennit.json"), help="the JSON file to write")
-    args = parser.parse_args(argv)
-    args.models = tuple(m for m in args.models.split(",") if m)
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown or not args.models:
-        parser.error(f"--models: {unknown or 'none'} not in {list(MODELS)}")
-    args.composites = tuple(c for c in args.composites.split(",") if c)
-    unknown = [c for c in args.composites if c not in COMPOSITES]
-    if unknown or not args.composites:
-        parser.error(f"--composites: {unknown or 'none'} not in {list(COMPOSITES)}")
-    if args.batch < 1 or args.repeats < 1 or args.min_time < 0:
-        parser.error("--batch and --repeats must be positive, --min-time non-negative")
-    return args
 
 
 def keras_model(name: str):

@@ -17,6 +17,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREADS = 2
 
 
+def parse_args(argv, prog: str, description: str, models: tuple, composites, default_composite: str, out: str) -> argparse.Namespace:
+    """The two scripts' arguments: ``--models``, ``--composites`` (checked against theirs), ``--batch``,
+    ``--repeats``, ``--min-time``, ``--out`` (default ``outputs/bench/<out>``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--models", default=",".join(models), help=f"comma-separated, of {','.join(models)} (default: all)")
+    parser.add_argument(
+        "--composites", default=default_composite, help=f"comma-separated, of {','.join(composites)} (default: {default_composite})"
+    )
+    parser.add_argument("--batch", type=int, default=16, help="examples per heatmap call (default 16)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing blocks per variant (default 5)")
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per timing block (default 0.2)")
+    parser.add_argument("--out", default=os.path.join("outputs", "bench", out), help="the JSON file to write")
+    args = parser.parse_args(argv)
+    for name, allowed in (("models", models), ("composites", composites)):
+        given = tuple(item for item in getattr(args, name).split(",") if item)
+        unknown = [item for item in given if item not in allowed]
+        if unknown or not given:
+            parser.error(f"--{name}: {unknown or 'none'} not in {list(allowed)}")
+        setattr(args, name, given)
+    if args.batch < 1 or args.repeats < 1 or args.min_time < 0:
+        parser.error("--batch and --repeats must be positive, --min-time non-negative")
+    return args
+
+
 def start(title: str, args: argparse.Namespace) -> None:
     """Thread pools fixed (``THREADS`` each), ``tests/`` importable (the twins live there), the header printed."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

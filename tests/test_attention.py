@@ -64,6 +64,21 @@ def relative_errors(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
     return np.sqrt(((actual - expected) ** 2).sum(axis=axes) / (expected**2).sum(axis=axes))
 
 
+def lxt_relevance(model, x, targets, composite: str) -> np.ndarray:
+    """LXT's heatmap on the twin, after checking that the twin computes the Keras model's logits."""
+    expected, twin_logits = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp").relevance(x, targets)
+    keras_logits = model(x).numpy()
+    np.testing.assert_allclose(twin_logits, keras_logits, rtol=0, atol=TWIN_TOLERANCE * np.abs(keras_logits).max())
+    return expected
+
+
+def assert_equals_lxt(model, x, composite: str, label: str) -> None:
+    """heatinv's heatmap of classes 0 and 2 equals LXT's (``TOLERANCE``); ``-s`` prints the error."""
+    errors = relative_errors(relevance(model, x, [0, 2], composite=composite).numpy(), lxt_relevance(model, x, [0, 2], composite))
+    print(f"{label}/{composite}: relative L2 error vs LXT {errors.max():.1e}")
+    assert errors.max() <= TOLERANCE
+
+
 # --- the forward pass ---------------------------------------------------------------------
 
 
@@ -226,10 +241,7 @@ def test_heatmaps_equal_lxt(name, composite):
     model, x = case(name)
     targets = np.array([0, 2])
     explanation = LRP(model, composite).explain(x, targets)
-    twin = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp")
-    expected, twin_logits = twin.relevance(x, targets)
-    keras_logits = model(x).numpy()
-    np.testing.assert_allclose(twin_logits, keras_logits, rtol=0, atol=TWIN_TOLERANCE * np.abs(keras_logits).max())
+    expected = lxt_relevance(model, x, targets, composite)
     assert np.all(np.abs(expected).sum(axis=tuple(range(1, expected.ndim))) > 0)
     errors = relative_errors(explanation.relevance.numpy(), expected)
     sums = explanation.relevance.numpy().reshape(len(x), -1).sum(1) / explanation.start.numpy()
@@ -443,11 +455,7 @@ def test_keras_hub_heatmaps_equal_lxt(normalize_first, composite):
     """Measured: at most 2.2e-9 relative L2 (the twin runs keras-hub's TransformerEncoder.call in torch)."""
     model = models.hub_text(normalize_first=normalize_first, mask_zero=False)
     ids = np.array([[3, 5, 7, 9, 2, 1, 6, 4], [4, 1, 8, 2, 2, 3, 9, 9]], "int32")
-    expected, twin_logits = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp").relevance(ids, [0, 2])
-    np.testing.assert_allclose(twin_logits, model(ids).numpy(), rtol=0, atol=TWIN_TOLERANCE * np.abs(twin_logits).max())
-    errors = relative_errors(relevance(model, ids, [0, 2], composite=composite).numpy(), expected)
-    print(f"keras-hub normalize_first={normalize_first}/{composite}: relative L2 error vs LXT {errors.max():.1e}")
-    assert errors.max() <= TOLERANCE
+    assert_equals_lxt(model, ids, composite, f"keras-hub normalize_first={normalize_first}")
 
 
 @needs_hub
@@ -484,12 +492,7 @@ def test_keras_hub_bert_classifier_of_token_ids_is_computed_as_keras_hub_compute
 @pytest.mark.parametrize("composite", ["attnlrp", "cp_lrp"])
 def test_keras_hub_bert_heatmaps_equal_lxt(composite):
     """Measured: 2.0e-9 relative L2 (the twin masks the padding columns as keras-hub's encoder does)."""
-    model = token_model(models.hub_bert())
-    expected, twin_logits = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp").relevance(BERT_IDS, [0, 2])
-    np.testing.assert_allclose(twin_logits, model(BERT_IDS).numpy(), rtol=0, atol=TWIN_TOLERANCE * np.abs(twin_logits).max())
-    errors = relative_errors(relevance(model, BERT_IDS, [0, 2], composite=composite).numpy(), expected)
-    print(f"keras-hub BERT/{composite}: relative L2 error vs LXT {errors.max():.1e}")
-    assert errors.max() <= TOLERANCE
+    assert_equals_lxt(token_model(models.hub_bert()), BERT_IDS, composite, "keras-hub BERT")
 
 
 def test_token_model_names_what_it_needs():
@@ -516,13 +519,8 @@ def test_keras_hub_vit_classifier_is_computed_as_keras_hub_computes_it(pooling):
 @pytest.mark.parametrize("pooling", ["token", "gap"])
 def test_keras_hub_vit_heatmaps_equal_lxt(pooling, composite):
     """Measured: at most 5.1e-9 relative L2."""
-    model = models.hub_vit(pooling=pooling)
     x = models.images().astype("float32").astype("float64")
-    expected, twin_logits = lxt_twins.Twin(model, "attnlrp" if composite == "attnlrp" else "cp").relevance(x, [0, 2])
-    np.testing.assert_allclose(twin_logits, model(x).numpy(), rtol=0, atol=TWIN_TOLERANCE * np.abs(twin_logits).max())
-    errors = relative_errors(relevance(model, x, [0, 2], composite=composite).numpy(), expected)
-    print(f"keras-hub ViT {pooling}/{composite}: relative L2 error vs LXT {errors.max():.1e}")
-    assert errors.max() <= TOLERANCE
+    assert_equals_lxt(models.hub_vit(pooling=pooling), x, composite, f"keras-hub ViT {pooling}")
 
 
 def test_rms_normalization_is_computed_as_keras_does_and_passes_relevance_on():
