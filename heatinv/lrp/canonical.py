@@ -709,8 +709,9 @@ class Normalize:
         beta = getattr(layer, "beta", None) if isinstance(layer, keras.layers.LayerNormalization) and not layer.rms_scaling else None
         return scale, None if beta is None else tf.cast(beta, dtype), centered
 
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        scale, shift, centered = self.parts(x)
+    def __call__(self, x: tf.Tensor, parts: tuple | None = None) -> tf.Tensor:
+        """``parts``: :meth:`parts` of ``x``, where computed already."""
+        scale, shift, centered = self.parts(x) if parts is None else parts
         y = (x - tf.reduce_mean(x, axis=-1, keepdims=True) if centered else x) * scale
         return y if shift is None else y + shift
 

@@ -213,8 +213,9 @@ class PatchEmbedding:
         _, tokens, positions = self.parts(x)
         return tokens + positions
 
-    def relevance(self, x: tf.Tensor, relevance: tf.Tensor, composite) -> list[tf.Tensor]:
-        z, tokens, positions = self.parts(x)
+    def relevance(self, x: tf.Tensor, parts: tuple, relevance: tf.Tensor, composite) -> list[tf.Tensor]:
+        """The image's relevance; ``parts``: :meth:`parts` of ``x`` from the forward pass."""
+        z, tokens, positions = parts
         to_tokens = sum_rule([tokens, positions], relevance, composite.stabilizer)[0]
         if self.layer.use_class_token:
             to_tokens = to_tokens[:, 1:]

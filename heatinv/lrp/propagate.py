@@ -84,9 +84,9 @@ class Forward:
         masks: the winners' mask of each max pooling step, by step index, where the forward
             pass found it (:func:`heatinv.lrp.max_pool.max_pool_with_mask`), else None; the
             routing reuses it.
-        kept: what each attention or keras-hub encoder step keeps of its forward pass, by step
-            index (:class:`heatinv.lrp.attention.AttentionValues`,
-            :class:`heatinv.lrp.keras_hub.EncoderValues`).
+        kept: what each attention, normalization, keras-hub encoder or ViT patching step keeps of
+            its forward pass, by step index (:class:`heatinv.lrp.attention.AttentionValues`,
+            :class:`heatinv.lrp.keras_hub.EncoderValues`, :meth:`heatinv.lrp.keras_hub.PatchEmbedding.parts`).
         keras_masks: the Keras mask of every step's output (token padding from an
             Embedding with ``mask_zero``) as Keras passes it at run time, None where there is none.
         padding: the mask a masked pooling or softmax step applied, by step index.
@@ -152,6 +152,12 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             continue
         a = operands[0]
         inputs.append(a)
+        if isinstance(step, (PatchEmbedding, Normalize)):  # their rules reuse what the forward pass computes
+            params.append(None)
+            products.append(None)
+            kept[i] = step.parts(a)
+            values.append(kept[i][1] + kept[i][2] if isinstance(step, PatchEmbedding) else step(a, kept[i]))
+            continue
         if isinstance(step, EncoderBlock):
             params.append(None)
             products.append(None)
@@ -460,7 +466,10 @@ def backward(
         elif isinstance(step, EncoderBlock):
             shares = step.relevance(fwd.kept[i], r, composite)
         elif isinstance(step, PatchEmbedding):
-            shares = step.relevance(a, r, composite)
+            shares = step.relevance(a, fwd.kept[i], r, composite)
+        elif isinstance(step, Normalize):
+            scale, shift, centered = fwd.kept[i]
+            shares = [layer_norm_rule(a, r, scale, shift, centered, composite.stabilizer)]
         else:
             shares = _shares(
                 step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative,
@@ -543,9 +552,6 @@ def _shares(
         if step.kind == "concatenate":
             return concatenation_rule(a, relevance, step.axis)
         return product_rule(a, relevance, step.gates)
-    if isinstance(step, Normalize):
-        scale, shift, centered = step.parts(a)
-        return [layer_norm_rule(a, relevance, scale, shift, centered, composite.stabilizer)]
     if isinstance(step, Shift):
         return sum_rule([a, step.shift(a)], relevance, composite.stabilizer)[:1]
     if isinstance(step, Embed) and step.sources[0] != MODEL_INPUT:
