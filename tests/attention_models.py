@@ -162,3 +162,22 @@ def hub_vit(dtype: str = "float64", seed: int = 1, *, pooling="token") -> keras.
     )
     classifier = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=3, pooling=pooling, preprocessor=None, dtype=dtype)
     return randomize(classifier, seed)
+
+
+def hub_llama(dtype: str = "float64", seed: int = 2, *, tied: bool = False, key_value_heads: int = 2) -> keras.Model:
+    """keras-hub's LlamaCausalLM at a tiny config (2 layers, 4 query heads sharing ``key_value_heads`` key and
+    value heads, width 16, vocabulary 50), random weights (RMSNorm scales around 1), no preprocessor:
+    inputs ``{"token_ids", "padding_mask"}``, logits for every position. Needs keras-hub."""
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=50, num_layers=2, num_query_heads=4, hidden_dim=16, intermediate_dim=32,
+        num_key_value_heads=key_value_heads, tie_word_embeddings=tied, dtype=dtype,
+    )
+    lm = randomize(keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None, dtype=dtype), seed)
+    rng = np.random.default_rng(seed + 1)
+    for weight in lm.weights:
+        if weight.path.endswith("scale"):
+            weight.assign((1.0 + rng.normal(0.0, 0.25, weight.shape)).astype(weight.dtype))
+    return lm
+

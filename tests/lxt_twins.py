@@ -9,8 +9,13 @@ calls LXT's own code at each of them:
 - attention: the twin's eager attention (``q k^T`` scaled, masked softmax, ``A v``) wrapped by
   ``wrap_attention_forward`` (AttnLRP: the gradient at q and k divided by 4, at v by 2) or
   ``cp_wrap_attention_forward`` (CP-LRP: q and k detached);
-- everything else (Linear/EinsumDense/Conv, sums, means, slices, reshapes) takes the plain
-  gradient, which is LRP-0.
+- keras-hub's Llama decoder: ``gated_mlp_forward`` / ``cp_gated_mlp_forward`` (SiLU by the
+  identity rule, the gate's product by the uniform rule / the gate constant), the attention
+  wrapped as above after the rotation and the repetition of keys and values per group, and
+  RMSNorm as ``rms_norm_forward`` computes it (``1/sigma`` detached), written out here in the
+  twin's dtype because LXT's function casts to float32;
+- everything else (Linear/EinsumDense/Conv, sums, means, slices, reshapes, the rotation) takes
+  the plain gradient, which is LRP-0.
 
 The twin walks the Keras model's call graph (``heatinv.lrp.graph.layer_graph``: only the
 order of the calls, none of heatinv's rules) and runs each call as torch ops, converting the
@@ -20,6 +25,11 @@ HWIO kernel as OIHW on NCHW. The twin is checked first: its logits equal Keras's
 
 Relevance of an image model: ``x * x.grad``. Of a token model: the embedding output times its
 gradient, summed over the embedding dimension (how LXT's examples report tokens).
+
+The rotation's angles are read from the keras-hub layer (``_compute_cos_sin_embedding``: the
+model's constants, computed in float32 as keras-hub does); the twin applies them itself. keras-hub
+computes RMSNorm, the softmax and the gate's SiLU in float32 even in a float64 model, the twin in
+float64: a Llama twin's logits equal Keras's to about 1e-7 relative, not 1e-16.
 
 Keras masks: the twin computes the masks Keras records in the graph (``ids != 0`` for a
 GlobalAveragePooling1D's mean) but not the ones Keras passes at run time to an attention, so
@@ -126,6 +136,19 @@ class _LayerNorm:
         self.bias = _tensor(layer.beta.numpy(), dtype) if layer.center else None
 
 
+class _GatedMLP:
+    """Holder LXT's ``gated_mlp_forward`` reads: ``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``."""
+
+    def __init__(self, gate, up, down, act_fn):
+        self.gate_proj, self.up_proj, self.down_proj, self.act_fn = gate, up, down, act_fn
+
+
+def rotate(x, cos, sin):
+    """Hugging Face's ``apply_rotary_pos_emb``: ``x cos + rotate_half(x) sin``, ``rotate_half(x) = [-x2, x1]``."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + _torch().cat([-second, first], dim=-1) * sin
+
+
 def eager_attention(module, query, key, value, mask, scale):
     """Attention as Hugging Face's eager attention computes it: ``softmax(q k^T * scale) v``, masked."""
     torch = _torch()
@@ -150,7 +173,7 @@ class Twin:
 
     def __init__(self, model: keras.Model, attention: str = "attnlrp", dtype: str = "float64", rules: bool = True):
         patches = import_lxt()
-        self.patches, self.dtype, self.rules = patches, dtype, rules
+        self.patches, self.dtype, self.rules, self.attention = patches, dtype, rules, attention
         self.calls = layer_graph(model)
         wrap = patches.wrap_attention_forward if attention == "attnlrp" else patches.cp_wrap_attention_forward
         self.attend = wrap(eager_attention) if rules else eager_attention
@@ -230,6 +253,13 @@ class Twin:
         torch = _torch()
         layer = call.operation
         p = self.patches
+        if isinstance(layer, keras.layers.Embedding) and call.arguments.kwargs.get("reverse"):  # a language model's logits
+            table = layer.embeddings if layer.tie_weights else layer.reverse_embeddings
+            return operands[0] @ (self._weight(table).T if layer.tie_weights else self._weight(table))
+        if type(layer).__name__ == "LlamaTransformerDecoder":  # keras-hub's
+            return self._llama_block(layer, operands[0], operands[1] if len(operands) > 1 else None)
+        if type(layer).__name__ == "LlamaLayerNorm":
+            return self._rms_norm(layer, operands[0])
         if isinstance(layer, keras.layers.Embedding):
             if call.sources != (MODEL_INPUT,):  # computed ids (segments): a table lookup, no token's relevance
                 return self._weight(layer.embeddings)[operands[0]]
@@ -311,6 +341,45 @@ class Twin:
         if type(layer).__name__ == "GetItem":
             return operands[0][call.arguments.args[1]]
         raise NotImplementedError(f"The LXT twin has no torch version of {type(layer).__name__} {layer.name!r}.")
+
+    def _rms_norm(self, layer, x):
+        """LXT's ``rms_norm_forward`` in the twin's dtype: ``x * rsqrt(mean(x^2) + eps)`` (detached) ``* scale``."""
+        scale = _torch().rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.epsilon)
+        return self._weight(layer.scale) * (x * (scale.detach() if self.rules else scale))
+
+    def _llama_block(self, layer, x, padding):
+        """keras-hub's LlamaTransformerDecoder.call, as Hugging Face's LlamaDecoderLayer computes it."""
+        torch = _torch()
+        attention = layer._self_attention_layer
+        h = self._rms_norm(layer._self_attention_layernorm, x)
+        q = self._einsum_dense(attention._query_dense, h)
+        k = self._einsum_dense(attention._key_dense, h)
+        v = self._einsum_dense(attention._value_dense, h)
+        cos, sin = (
+            _tensor(np.asarray(t), self.dtype) for t in attention.rotary_embedding_layer._compute_cos_sin_embedding(q.detach().numpy())
+        )
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        groups = attention.num_key_value_groups
+        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+        t = q.shape[1]
+        mask = torch.ones(t, t, dtype=torch.bool).tril()[None, None]
+        if padding is not None:
+            mask = mask & (padding != 0)[:, None, None, :]
+        scale = float(np.asarray(attention._inv_norm_factor, dtype=keras.config.floatx()))  # cast through floatx, as keras-hub
+        x = self._einsum_dense(attention._output_dense, self.attend(attention, q, k, v, mask, scale)) + x
+        g = self._rms_norm(layer._feedforward_layernorm, x)
+
+        def project(dense):
+            return lambda a: a @ self._weight(dense.kernel)
+
+        mlp = _GatedMLP(
+            project(layer._feedforward_gate_dense), project(layer._feedforward_intermediate_dense),
+            project(layer._feedforward_output_dense), ACTIVATIONS["silu"],
+        )
+        if not self.rules:
+            return mlp.down_proj(mlp.act_fn(mlp.gate_proj(g)) * mlp.up_proj(g)) + x
+        forward = self.patches.gated_mlp_forward if self.attention == "attnlrp" else self.patches.cp_gated_mlp_forward
+        return forward(mlp, g) + x
 
     def _activate(self, z, activation):
         name = activation.__name__

@@ -46,6 +46,7 @@ from heatinv.lrp import einsum
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.graph import MODEL_INPUT, UnsupportedLayerError, layer_graph
 from heatinv.lrp.keras_hub import COVERED, EncoderBlock, PatchEmbedding, Positions, hub_class, position_table, vit_encoder_steps
+from heatinv.lrp.llama import DecoderBlock
 from heatinv.lrp.one_channel import patches_of, single_channel_transpose, single_channel_transpose_each
 from heatinv.onednn import onednn_enabled
 
@@ -53,7 +54,8 @@ SUPPORTED = (
     "Dense, EinsumDense (any equation and bias_axes), MultiHeadAttention (self- and cross-attention, "
     "use_causal_mask, sliding_window, any dropout), LayerNormalization and RMSNormalization (over the last "
     "axis), Embedding (of the model's integer input), heatinv.layers.PositionEmbedding, keras-hub's "
-    "TransformerEncoder, PositionEmbedding and TokenAndPositionEmbedding, Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
+    "TransformerEncoder, PositionEmbedding, TokenAndPositionEmbedding, ViT layers, LlamaTransformerDecoder, LlamaLayerNorm "
+    "and ReversibleEmbedding (its logits too), Conv1D/2D (strides, dilation, groups), DepthwiseConv1D/2D, SeparableConv1D/2D, "
     "MaxPooling1D/2D, AveragePooling1D/2D, GlobalAveragePooling1D/2D, GlobalMaxPooling1D/2D, "
     "Flatten, Reshape, Permute, ZeroPadding1D/2D, Cropping1D/2D, a constant slice (x[:, 0]), Add, Average, Subtract, "
     "Concatenate, Multiply, keras.ops.mean, Dropout, SpatialDropout1D/2D, Identity, InputLayer, noise and random augmentation "
@@ -69,6 +71,8 @@ gradient of a convolution's gradient reads ``data_format`` (None otherwise: an A
 
 _DENSE = (keras.layers.Dense,)
 _EINSUM = (keras.layers.EinsumDense,)
+_REVERSIBLE = getattr(keras.layers, "ReversibleEmbedding", None)
+"""An Embedding that also computes logits ``x E^T`` (``reverse=True``): a language model's output layer."""
 _NORMALIZE = tuple(getattr(keras.layers, name) for name in ("LayerNormalization", "RMSNormalization") if hasattr(keras.layers, name))
 _CONV = (keras.layers.Conv1D, keras.layers.Conv2D)
 _DEPTHWISE = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
@@ -147,7 +151,10 @@ class Linear:
         layer: the Keras layer.
         batch_norm: the BatchNormalization folded into it, or None.
         sources: the step feeding it.
-        part: ``"whole"``, or ``"depthwise"`` / ``"pointwise"`` for a SeparableConv's halves.
+        part: ``"whole"``, ``"depthwise"`` / ``"pointwise"`` for a SeparableConv's halves, or
+            ``"reverse"`` for a ReversibleEmbedding called with ``reverse=True``: the logits of
+            a language model, ``x E^T`` (a Dense layer without bias whose kernel is the table's
+            transpose, or the layer's own reverse table where its weights are not tied).
     """
 
     layer: keras.layers.Layer
@@ -158,12 +165,12 @@ class Linear:
     @property
     def kind(self) -> str:
         """``"dense"`` or ``"conv"``: which of the composite's rules it gets."""
-        return "dense" if isinstance(self.layer, (*_DENSE, *_EINSUM)) else "conv"
+        return "dense" if isinstance(self.layer, (*_DENSE, *_EINSUM)) or self.part == "reverse" else "conv"
 
     @property
     def map(self) -> str:
         """The linear map: ``"dense"``, ``"einsum"``, ``"conv"`` (grouped or not) or ``"depthwise"``."""
-        if isinstance(self.layer, _DENSE):
+        if isinstance(self.layer, _DENSE) or self.part == "reverse":
             return "dense"
         if isinstance(self.layer, _EINSUM):
             return "einsum"
@@ -177,7 +184,7 @@ class Linear:
 
     @property
     def activation(self) -> Callable[[tf.Tensor], tf.Tensor] | None:
-        if self.part == "depthwise":
+        if self.part in ("depthwise", "reverse"):
             return None
         fn = self.layer.activation
         if fn is keras.activations.leaky_relu:
@@ -207,6 +214,8 @@ class Linear:
             kernel = tf.cast(layer.depthwise_kernel, dtype)
         elif self.part == "pointwise":
             kernel = tf.cast(layer.pointwise_kernel, dtype)
+        elif self.part == "reverse":
+            kernel = tf.cast(tf.transpose(layer.embeddings) if layer.tie_weights else layer.reverse_embeddings, dtype)
         else:
             kernel = tf.cast(layer.kernel, dtype)
         outputs = kernel.shape[-2] * kernel.shape[-1] if self.map == "depthwise" else kernel.shape[-1]
@@ -744,7 +753,8 @@ class Shift:
 
 
 Step = Union[
-    Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Discrete, EncoderBlock, Positions
+    Linear, Pool, Elementwise, Affine, Reshape, Rearrange, Merge, Embed, Normalize, Shift, Attention, Discrete, EncoderBlock, Positions,
+    DecoderBlock,
 ]
 
 
@@ -882,6 +892,9 @@ def canonize(model: keras.Model) -> list[Step]:
         elif isinstance(layer, _NORMALIZE):
             _check_last_axis(layer)
             steps.append(Normalize(layer, sources))
+        elif _REVERSIBLE is not None and isinstance(layer, _REVERSIBLE) and _reverse(call):
+            _check_reverse(layer)
+            steps.append(Linear(layer, sources=sources, part="reverse"))
         elif isinstance(layer, keras.layers.Embedding):
             constant_ids = sources != (MODEL_INPUT,) and isinstance(steps[sources[0]], Discrete) and (
                 type(steps[sources[0]].layer).__name__ in CONSTANT_IDS
@@ -1061,7 +1074,7 @@ def _hub_steps(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps:
     """
     given = {key for key, value in (call.arguments.kwargs if call.arguments is not None else {}).items() if value is not None}
     masks = [source for source in sources[1:] if source != MODEL_INPUT and isinstance(steps[source], Discrete)]
-    extra = sorted(given - {"training", *({"padding_mask"} if masks else ())})
+    extra = sorted(given - {"training", *({"padding_mask", "decoder_padding_mask"} if masks else ())})
     if extra or len(sources) - len(masks) != 1:
         raise UnsupportedLayerError(
             f"keras-hub {type(layer).__name__} {layer.name!r} is called with {', '.join(extra) or f'{len(sources)} tensors'}; "
@@ -1084,11 +1097,40 @@ def _hub_steps(layer: keras.layers.Layer, call, sources: tuple[int, ...], steps:
         return [PatchEmbedding(layer, sources, checked_linear(layer.patch_embedding))]
     if type(layer).__name__ == "ViTEncoder":
         return vit_encoder_steps(layer, sources[0], len(steps), _projections, checked_linear, Normalize)
+    if type(layer).__name__ == "LlamaTransformerDecoder":
+        mha = layer._self_attention_layer
+        projections = tuple(checked_linear(dense) for dense in (mha._query_dense, mha._key_dense, mha._value_dense, mha._output_dense))
+        norms = (Normalize(layer._self_attention_layernorm), Normalize(layer._feedforward_layernorm))
+        feedforward = tuple(
+            checked_linear(dense)
+            for dense in (layer._feedforward_gate_dense, layer._feedforward_intermediate_dense, layer._feedforward_output_dense)
+        )
+        return [DecoderBlock(layer, sources, norms, projections, feedforward)]
+    if type(layer).__name__ == "LlamaLayerNorm":
+        return [Normalize(layer, sources)]
     raise UnsupportedLayerError(
         f"keras-hub layer {layer.name!r} of class {type(layer).__name__} has no LRP rule in heatinv; of keras-hub's "
         f"layers heatinv explains {', '.join(COVERED)}. Rebuild that part from Keras layers (MultiHeadAttention, "
         "LayerNormalization, Dense, Embedding) or explain the part after it as a model of its own."
     )
+
+
+def _reverse(call) -> bool:
+    """Whether a ReversibleEmbedding's call computes logits (``reverse=True``, by name or second argument)."""
+    if call.arguments is None:
+        return False
+    args = call.arguments.args
+    return bool(call.arguments.kwargs.get("reverse", args[1] if len(args) > 1 else False))
+
+
+def _check_reverse(layer) -> None:
+    """Refuse what a ReversibleEmbedding adds to ``x E^T`` in reverse: a soft cap (a tanh) or another dtype."""
+    problems = [f"{name}={getattr(layer, name)!r}" for name in ("logit_soft_cap", "reverse_dtype") if getattr(layer, name, None) is not None]
+    if problems or getattr(layer, "quantization_mode", None) is not None:
+        raise UnsupportedLayerError(
+            f"ReversibleEmbedding {layer.name!r} computes its logits with {', '.join(problems) or 'a quantized table'}; "
+            "heatinv explains the logits x E^T of a float table without a soft cap or a dtype of their own."
+        )
 
 
 def _check_last_axis(layer: keras.layers.Layer) -> None:

@@ -1,4 +1,4 @@
-"""keras-hub's transformer layers as LRP steps: TransformerEncoder, and position tables.
+"""keras-hub's transformer layers as LRP steps: encoders, decoders, position tables, and model adapters.
 
 keras-hub (``pip install keras-hub``) writes its layers as Python ``call`` methods over Keras
 layers and ops, so the graph walk sees one call where there are many operations. These steps
@@ -15,7 +15,10 @@ hand relevance back through the parts with the rules of the parts:
   (:class:`heatinv.lrp.canonical.Embed`);
 - the ViT's ``ViTPatchingAndEmbedding``: :class:`PatchEmbedding` (a convolution, a learned class
   token and a position table), and its ``ViTEncoder``: one :class:`EncoderBlock` (pre-norm) per
-  ``ViTEncoderBlock`` and a LayerNormalization.
+  ``ViTEncoderBlock`` and a LayerNormalization;
+- Llama's ``LlamaTransformerDecoder``: :class:`heatinv.lrp.llama.DecoderBlock`; its
+  ``LlamaLayerNorm`` (RMSNorm): a Normalize step; a ``ReversibleEmbedding`` called with
+  ``reverse=True`` (a language model's logits): a Linear step (:func:`next_token_model`).
 
 Which keras-hub layers these are is decided by class, from ``keras_hub`` where it is
 imported (a model holding its layers imports it); heatinv itself does not import it.
@@ -33,7 +36,10 @@ import tensorflow as tf
 from heatinv.lrp.attention import Attention
 from heatinv.lrp.rules import layer_norm_rule, sum_rule
 
-COVERED = ("TransformerEncoder", "PositionEmbedding", "TokenAndPositionEmbedding", "ViTPatchingAndEmbedding", "ViTEncoder")
+COVERED = (
+    "TransformerEncoder", "PositionEmbedding", "TokenAndPositionEmbedding", "ReversibleEmbedding", "ViTPatchingAndEmbedding",
+    "ViTEncoder", "LlamaTransformerDecoder", "LlamaLayerNorm",
+)
 """The keras-hub layers heatinv explains; any other keras-hub layer is refused by name."""
 
 
@@ -280,3 +286,47 @@ def token_model(model: keras.Model, padding_id: int = 0) -> keras.Model:
     if "segment_ids" in structure:
         given["segment_ids"] = keras.ops.zeros_like(ids, dtype=structure["segment_ids"].dtype)
     return keras.Model(ids, model(given), name=f"{model.name}_of_token_ids")
+
+
+def next_token_model(causal_lm: keras.Model, padding_id: int = 0) -> keras.Model:
+    """A keras-hub causal language model as a model of the next token's logits, for LRP.
+
+    keras-hub's causal LMs (``LlamaCausalLM``, ...) take ``{"token_ids", "padding_mask"}`` and
+    return logits for every position, ``[batch, tokens, vocabulary]``. The returned model takes
+    ``[batch, tokens]`` ids, masks the padding (``ids != padding_id``) and returns the logits
+    after the last position, ``[batch, vocabulary]``: the relevance of a target id is each
+    context token's share in predicting it, what LXT's users compute with AttnLRP. Pad a batch
+    of different lengths on the left, so that the last position is each sequence's last token.
+
+    Args:
+        causal_lm: a keras-hub causal LM without its preprocessor, or its backbone; its
+            backbone's ``token_embedding`` (a ReversibleEmbedding) computes the logits.
+        padding_id: the id of the padding token.
+
+    Returns:
+        A functional model ``[batch, tokens]`` int32 ids ``->`` ``[batch, vocabulary]`` logits.
+
+    Example:
+    >>> lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)  # doctest: +SKIP
+    >>> R = relevance(next_token_model(lm), ids, target=next_id, composite="attnlrp")  # doctest: +SKIP
+    """
+    backbone = getattr(causal_lm, "backbone", causal_lm)
+    structure = getattr(backbone, "input", None) if isinstance(backbone, keras.Model) else None
+    embedding = getattr(backbone, "token_embedding", None)
+    if not isinstance(structure, dict) or "token_ids" not in structure or not hasattr(embedding, "reverse_embeddings") and not getattr(embedding, "tie_weights", False):
+        raise ValueError(
+            f"next_token_model takes a keras-hub causal LM (or its backbone) whose backbone takes a dict with 'token_ids' "
+            f"and computes logits with its ReversibleEmbedding 'token_embedding'; got {type(causal_lm).__name__} "
+            f"{getattr(causal_lm, 'name', '')!r}."
+        )
+    unknown = sorted(set(structure) - {"token_ids", "padding_mask"})
+    if unknown:
+        raise ValueError(f"next_token_model fills 'padding_mask' from the ids; the backbone of {causal_lm.name!r} also takes {unknown}.")
+    ids = keras.Input((None,), dtype=structure["token_ids"].dtype, name="token_ids")
+    given = {"token_ids": ids}
+    if "padding_mask" in structure:
+        given["padding_mask"] = keras.ops.cast(keras.ops.not_equal(ids, padding_id), structure["padding_mask"].dtype)
+    hidden = backbone(given)
+    logits = embedding(hidden[:, -1, :], reverse=True)
+    return keras.Model(ids, logits, name=f"{causal_lm.name}_next_token")
+

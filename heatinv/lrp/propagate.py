@@ -37,6 +37,7 @@ from heatinv.lrp.canonical import (
 from heatinv.lrp.composites import Composite
 from heatinv.lrp.graph import MODEL_INPUT
 from heatinv.lrp.keras_hub import EncoderBlock, PatchEmbedding, Positions, position_table
+from heatinv.lrp.llama import DecoderBlock
 from heatinv.lrp.max_pool import max_pool_with_mask, winner_takes_all
 from heatinv.lrp.rules import (
     UNSCALED_RULES,
@@ -166,6 +167,12 @@ def forward(steps: list[Step], x: tf.Tensor, positive: Collection[int] = ()) -> 
             if not step.normalize_first and step.sources[0] != MODEL_INPUT:
                 keras_masks[step.sources[0]] = None  # its attention read (and unmasked) its input tensor itself
             continue
+        if isinstance(step, DecoderBlock):
+            params.append(None)
+            products.append(None)
+            kept[i] = step.forward(a, explicit[0] if explicit else None, given_masks[0])
+            values.append(step.output(kept[i]))
+            continue
         if isinstance(step, Linear):
             kernel, bias = step.params(a.dtype)
             params.append((kernel, bias))
@@ -270,7 +277,7 @@ def first_linear_steps(steps: list[Step]) -> set[int]:
         if any(source in reached for source in step.sources):
             if isinstance(step, Linear):
                 first.add(i)
-            elif not isinstance(step, (Embed, Attention, Discrete, EncoderBlock, Positions, PatchEmbedding)):  # no first-layer rule beyond
+            elif not isinstance(step, (Embed, Attention, Discrete, EncoderBlock, DecoderBlock, Positions, PatchEmbedding)):  # no first-layer rule beyond
                 reached.add(i)
     return first
 
@@ -413,7 +420,7 @@ def carry_bounds(steps: list[Step], x: tf.Tensor, low, high) -> dict[int, tuple]
             source = step.sources[0]
             at_first[i] = tuple(0.0 if is_zero else bound for bound, is_zero in zip(box[source], zero[source]))
             continue
-        if isinstance(step, (PatchEmbedding, EncoderBlock, Embed, Discrete, Positions)):
+        if isinstance(step, (PatchEmbedding, EncoderBlock, DecoderBlock, Embed, Discrete, Positions)):
             continue  # holds its first linear layer, or follows one: no bounds are needed past it
         if isinstance(step, (Normalize, Attention)):
             raise UnsupportedLayerError(
@@ -463,7 +470,7 @@ def backward(
         step, a, r = steps[i], fwd.inputs[i], pending.pop(i)
         if isinstance(step, Attention):
             shares = step.relevance(fwd.kept[i], r, composite.dense, composite.attention, composite.stabilizer)
-        elif isinstance(step, EncoderBlock):
+        elif isinstance(step, (EncoderBlock, DecoderBlock)):
             shares = step.relevance(fwd.kept[i], r, composite)
         elif isinstance(step, PatchEmbedding):
             shares = step.relevance(a, fwd.kept[i], r, composite)
