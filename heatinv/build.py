@@ -53,15 +53,15 @@ class Parts:
     """The data and models every run starts from.
 
     Attributes:
-        dataset: the training and held-out images.
+        dataset: the training and held-out images (None: :func:`heatinv.inversion.invert` without data).
         reference: the trained reference (or the user's model file).
-        reference_accuracy: its held-out accuracy.
+        reference_accuracy: its held-out accuracy (None without data).
         student: the model whose weights the run optimizes.
     """
 
-    dataset: Dataset
+    dataset: Dataset | None
     reference: keras.Model
-    reference_accuracy: float
+    reference_accuracy: float | None
     student: keras.Model
 
 

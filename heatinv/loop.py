@@ -147,6 +147,8 @@ class LoopResult:
         why: the reason, for the report.
         findings: the task's diagnosis when it stopped.
         last: the last call's result (None without calls).
+        history: at each log step of this process, ``{"step": ..., "loss": ..., **the task's values}``
+            (the loss: the mean since the previous log step).
     """
 
     start: int
@@ -161,6 +163,7 @@ class LoopResult:
     stopped: int | None = None
     why: str | None = None
     findings: list[Finding] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
     last: dict | None = None
 
     def timing(self) -> dict:
@@ -260,6 +263,7 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
                 call.rare = call.done // rare_every > previous // rare_every or call.done >= task.total
                 values.update(task.log(summaries, call, result))
                 at = task.log_step(call.done)
+                loop.history.append({"step": at, **values})
                 if "zero_fractions" in result:
                     summaries.health(at, loop.nonfinite_steps, variables, result["grad_norms"].numpy(), result["zero_fractions"].numpy())
                     if call.rare and "gradients" in result:

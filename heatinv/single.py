@@ -27,6 +27,7 @@ from heatinv.figures import feature_figure, heatmap_figure
 from heatinv.similarity import cosine_numpy, similarity_numpy
 from heatinv.step import compile_step, mode_for, optimizer_from, schedule
 from heatinv.summaries import Summaries
+from heatinv.targets import Target
 from heatinv.wording import count, out_of_reach
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ NOTHING_TO_LEARN = ("zero-residual", "dead-output", "vanished-signal", "all-zero
 class SingleTask:
     """Optimize ``parts.student`` until its heatmap of the target's image matches the target.
 
+    The target is the ``target`` config group's, or one given (:func:`heatinv.inversion.invert`'s
+    arrays). Without data (``parts.dataset`` None: :func:`heatinv.inversion.invert` without
+    held-out examples) the accuracies are None and a table's features are named ``x0, x1, ...``.
+
     Example:
     >>> task = SingleTask(cfg, build_parts(cfg))  # doctest: +SKIP
     >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
@@ -48,9 +53,9 @@ class SingleTask:
 
     axis = "step"  # TensorBoard's x axis: one point per log step
 
-    def __init__(self, cfg, parts: Parts):
+    def __init__(self, cfg, parts: Parts, target: Target | None = None):
         self.cfg, self.parts = cfg, parts
-        self.target = single_target(cfg, parts.dataset, parts.reference)
+        self.target = single_target(cfg, parts.dataset, parts.reference) if target is None else target
         self.student = parts.student
         self.explainer = explainer_for(self.student, cfg)
         dtype = tf.float64 if cfg.trainer.precision == "float64" else tf.float32
@@ -99,6 +104,11 @@ class SingleTask:
             reach = f"the best cosine any weights can reach is {bound:.3f}."
             log.warning(out_of_reach(self.cfg.lrp.composite, rule, reach))
 
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        dataset = self.parts.dataset
+        return dataset.feature_names if dataset is not None else tuple(f"x{i}" for i in range(self.target.image.shape[-1]))
+
     def diagnose(self) -> list:
         objective = HeatmapObjective(self.target.heatmap, self.explainer, self.cfg.loss.name, self.cfg.loss.delta, self.cfg.loss.normalize)
         return diagnose(self.student, self.target.image, self.target.label, objective, self.cfg.trainer.precision)
@@ -111,7 +121,7 @@ class SingleTask:
             summaries.heatmaps_once(self.target.image[0], self.target.heatmap[0], self.initial[0])
         else:  # a table: its relevance per feature as bars, the student's added by finish()
             maps = {"target": self.target.heatmap[0], "initial": self.initial[0]}
-            figure = feature_figure(self.parts.dataset.feature_names, maps, f"target: {self.target.source}")
+            figure = feature_figure(self.feature_names, maps, f"target: {self.target.source}")
             summaries.figure(0, figure, "heatmap/figure_initial")
 
     def calls(self, start: int) -> Iterator[Call]:
@@ -146,6 +156,7 @@ class SingleTask:
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
         """Final metrics, from the final weights; the last step's summaries."""
         steps = 0 if self.stopped_before_start else (loop.stopped if loop.stopped is not None else self.total)
+        self.history = loop.history
         findings = loop.findings if loop.stopped is not None else self.findings
         self.final_map = self.explainer(self.x, self.label).numpy()
         final_loss = float(self.loss_fn(tf.constant(self.final_map), self.target_map))
@@ -157,7 +168,7 @@ class SingleTask:
             "steps": steps,
             **loop.timing(),
             "reference_accuracy": self.parts.reference_accuracy,
-            "student_accuracy": accuracy(self.student, self.parts.dataset.x_test, self.parts.dataset.y_test),
+            "student_accuracy": held_out_accuracy(self.student, self.parts.dataset),
             "target": self.target.source,
             "diagnosis": [finding.as_dict() for finding in findings],
             "stopped_at_step": 0 if self.stopped_before_start else loop.stopped,
@@ -172,7 +183,7 @@ class SingleTask:
             title += f"\nstopped at step {metrics['stopped_at_step']} of {self.cfg.trainer.steps}: {codes} (doctor.json)"
         if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature
             maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
-            self.figure = feature_figure(self.parts.dataset.feature_names, maps, title)
+            self.figure = feature_figure(self.feature_names, maps, title)
         else:
             summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
             self.figure = heatmap_figure(
@@ -192,9 +203,20 @@ class SingleTask:
         return (
             f"heatinv: cosine {metrics['cosine']:.4f}  ssim {metrics['ssim']:.3f}  pearson {metrics['pearson']:.4f}  "
             f"spearman {metrics['spearman']:.3f}  loss {metrics['loss']:.3g}  after {count(metrics['steps'], 'step')}"
-            f"{_speed(metrics['steps_per_second'])}; accuracy reference {metrics['reference_accuracy']:.3f}, "
-            f"student {metrics['student_accuracy']:.3f}"
+            f"{_speed(metrics['steps_per_second'])}{_accuracies(metrics)}"
         )
+
+
+def held_out_accuracy(model, dataset) -> float | None:
+    """``model``'s accuracy on the held-out examples, None without data."""
+    return None if dataset is None else accuracy(model, dataset.x_test, dataset.y_test)
+
+
+def _accuracies(metrics: dict) -> str:
+    """``; accuracy reference 0.950, student 0.947``, or nothing without held-out examples."""
+    if metrics["student_accuracy"] is None:
+        return ""
+    return f"; accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}"
 
 
 def _speed(steps_per_second: float | None) -> str:

@@ -236,7 +236,7 @@ class Summaries:
         (``experiment=False``), whose experiment (:mod:`heatinv.callbacks`) lists the keys
         that vary between its jobs.
         """
-        self.tagged(0, {f"final/{name}": final[name] for name in FINAL_METRICS if name in final})
+        self.tagged(0, {f"final/{name}": final[name] for name in FINAL_METRICS if final.get(name) is not None})
         summaries = [hp.hparams_pb(hparams, trial_id=trial_id)]
         if experiment:
             metrics = [hp.Metric(f"final/{name}", display_name=name) for name in FINAL_METRICS]

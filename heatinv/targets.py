@@ -80,17 +80,28 @@ def file_map(path: str, input_shape: tuple[int, ...], map_shape: tuple[int, ...]
     >>> file_map("target.npy", (32, 32, 3), (32, 32, 1)).shape  # doctest: +SKIP
     (32, 32, 1)
     """
-    raw = read_map(path, what="target.path")
-    if len(input_shape) == 3 and raw.shape == input_shape and map_shape[-1] == 1:
-        raw = raw.sum(axis=-1, keepdims=True)  # a per-channel map, compared summed over channels
-    elif len(input_shape) == 3 and raw.squeeze().shape == input_shape[:2] and map_shape[-1] > 1:
-        raw = np.repeat(raw.reshape(input_shape[:2] + (1,)) / map_shape[-1], map_shape[-1], axis=-1)
+    raw = channels_as_map(read_map(path, what="target.path"), input_shape, map_shape)
     if not np.any(raw):
         raise ValueError(
             f"The target map {path} (target.path) is all zeros: there is nothing to match, and every gradient would be "
             "zero. Save the heatmap the model should give (e.g. np.save of a [H, W] array), not an empty one."
         )
     return read_map_array(raw, map_shape, path)
+
+
+def channels_as_map(raw: np.ndarray, input_shape: tuple[int, ...], map_shape: tuple[int, ...]) -> np.ndarray:
+    """A map of a colour image's channels as ``map_shape`` counts them: a ``[H, W, C]`` map summed over
+    the channels for a ``[H, W, 1]`` map, a ``[H, W]`` one spread evenly over ``C`` channels; else as it is.
+
+    Example:
+    >>> channels_as_map(np.ones((2, 2, 3)), (2, 2, 3), (2, 2, 1)).ravel().tolist()
+    [3.0, 3.0, 3.0, 3.0]
+    """
+    if len(input_shape) == 3 and raw.shape == input_shape and map_shape[-1] == 1:
+        return raw.sum(axis=-1, keepdims=True)  # a per-channel map, compared summed over channels
+    if len(input_shape) == 3 and raw.squeeze().shape == input_shape[:2] and map_shape[-1] > 1:
+        return np.repeat(raw.reshape(input_shape[:2] + (1,)) / map_shape[-1], map_shape[-1], axis=-1)
+    return raw
 
 
 def target_image(path: str, input_shape: tuple[int, ...]) -> np.ndarray:

@@ -93,10 +93,18 @@ def _run_in(out: str, cfg) -> dict:
     # as given: building fills in defaults (lrp.low/high from the data) that a resume's config leaves unset
     as_given = copy.deepcopy(cfg)
     log.info(f"heatinv: loading the {cfg.data.name} data and the {cfg.model.name} models")
-    return run_task(cfg, build_parts(cfg), changed, as_given)
+    metrics = run_task(cfg, build_parts(cfg), changed, as_given)
+    announce_files(out)
+    return metrics
 
 
-def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None) -> dict:
+def announce_files(out: str) -> None:
+    """Where a finished run's files are, and how to look at them."""
+    log.info(f"{DONE_MARK}{out} (heatmaps.png, metrics.json, student.keras)")
+    log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")
+
+
+def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None, task=None) -> dict:
     """The task of ``cfg`` on ``parts``, from its target to its files (the second half of :func:`run`).
 
     Args:
@@ -105,12 +113,14 @@ def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None) -> dict:
         changed: settings a resume changes (said when resuming).
         as_given: ``cfg`` before building filled in its defaults, kept with a new run's
             checkpoints (default: ``cfg``).
+        task: the task, where built already (:func:`heatinv.inversion.invert`'s); default: ``cfg``'s.
 
     Returns:
         The metrics written to ``metrics.json``.
     """
     out, trainer = cfg.paths.output_dir, cfg.trainer
-    task = DatasetTask(cfg, parts) if cfg.task.kind == "dataset" else SingleTask(cfg, parts)
+    if task is None:
+        task = DatasetTask(cfg, parts) if cfg.task.kind == "dataset" else SingleTask(cfg, parts)
     if not trainer.resume:
         # only now, once built: a config that fails to build leaves an old run whole, its checkpoints' config too
         if trainer.overwrite:
@@ -155,8 +165,6 @@ def run_task(cfg, parts: Parts, changed: list[str] = (), as_given=None) -> dict:
         f"(the step {metrics['seconds']:.1f} s, {logged} {metrics['summaries_seconds']:.1f} s, "
         f"checkpoints {metrics['checkpoints_seconds']:.1f} s, compiling {metrics['first_call_seconds'] or 0.0:.1f} s)"
     )
-    log.info(f"{DONE_MARK}{out} (heatmaps.png, metrics.json, student.keras)")
-    log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")
     return metrics
 
 

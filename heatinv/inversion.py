@@ -1,0 +1,318 @@
+"""heatinv from Python: :func:`invert` one input's heatmap of a Keras model in memory.
+
+The command line's single task (``python -m heatinv.train``) and :func:`invert` are one
+trainer: both compose the ``train`` config, build a :class:`heatinv.single.SingleTask` and run
+it with :func:`heatinv.train.run_task` (the compiled step, the doctor, the NaN guard, the
+checkpoints, the TensorBoard summaries, the figure). :func:`invert` takes the model, the input
+and the target as arrays instead of files, starts from the model's own weights
+(``init=reference``) and returns what the run found instead of leaving it in files only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import keras
+import numpy as np
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from heatinv.build import Parts
+from heatinv.checkpoints import guard_run_directory, held_run_directory
+from heatinv.config import ConfigError, register, validate
+from heatinv.data import Dataset
+from heatinv.models import accuracy, with_dtype
+from heatinv.single import SingleTask
+from heatinv.targets import PATTERNS, Target, channels_as_map, pattern_map
+from heatinv.train import announce_files, run_task
+
+SETTING_GROUPS = ("trainer", "lrp", "loss", "optimizer", "target")
+"""The config groups whose keys :func:`invert` takes by their last name (``epsilon=1e-3``, ``log_every=10``)."""
+
+IN_MEMORY = "(in memory)"
+"""What the run's config says for the model and the target given as objects, not files."""
+
+
+@dataclass
+class Inversion:
+    """What :func:`invert` found.
+
+    Attributes:
+        student: the optimized copy of the model (the caller's model is untouched).
+        metrics: the run's final metrics, the keys of ``metrics.json`` (``loss``, ``cosine``,
+            ``ssim``, ``pearson``, ``spearman``, ``objective``, ``steps``, timings, accuracies
+            where ``data`` was given, ``diagnosis``, ...).
+        history: one dict per logged step: ``step``, ``loss`` (the mean since the last logged
+            step), ``cosine``.
+        heatmaps: ``initial`` (the model's), ``final`` (the student's) and ``target``, each
+            ``[1, *map shape]``.
+        x: the input explained, ``[1, *input shape]``.
+        label: the class explained.
+        logdir: the run folder where ``logdir`` was given, else None.
+    """
+
+    student: keras.Model
+    metrics: dict
+    history: list[dict]
+    heatmaps: dict[str, np.ndarray]
+    x: np.ndarray
+    label: int
+    logdir: str | None = None
+    figure: Figure | None = field(default=None, repr=False)
+
+    def plot(self, path: str | None = None) -> Figure:
+        """The run's labelled figure (input, target, initial and final heatmaps, scores), as ``heatmaps.png``.
+
+        Args:
+            path: also save it there (the format from the suffix, e.g. ``.png`` or ``.svg``).
+
+        Returns:
+            A :class:`matplotlib.figure.Figure` (a notebook shows it).
+        """
+        if path is not None:
+            self.figure.savefig(path)
+        return self.figure
+
+    def _repr_png_(self) -> bytes:  # a notebook shows the result as its figure
+        import io
+
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+
+def invert(
+    model: keras.Model,
+    x,
+    target,
+    *,
+    label: int | None = None,
+    composite: str = "epsilon_gamma_box",
+    loss: str = "mse",
+    steps: int = 300,
+    optimizer: str = "adam",
+    learning_rate: float | None = None,
+    data: tuple | None = None,
+    logdir: str | None = None,
+    seed: int = 0,
+    low=None,
+    high=None,
+    **settings,
+) -> Inversion:
+    """Optimize a copy of ``model``'s weights until its LRP heatmap of ``x`` matches ``target``.
+
+    Runs the command line's single task (:mod:`heatinv.single`): the same compiled step, the
+    doctor before the first update, the NaN/Inf guard and the same metrics. Without
+    ``logdir`` the run's files go to a temporary folder, removed at the end.
+
+    Args:
+        model: a Keras model heatinv can explain (:func:`heatinv.lrp.relevance`); not modified.
+        x: one input: ``[H, W, C]`` or ``[1, H, W, C]`` (``[H, W]`` for one channel), or
+            ``[d]`` / ``[1, d]`` features.
+        target: the heatmap to reach, an array of the map's shape with or without the batch
+            and channel axes (``[H, W]`` for a grey or a colour image: the heatmap of a colour
+            image is summed over its channels unless ``channels="keep"``), or a pattern's name
+            (``"square"``, ``"cross"``, ``"frame"``: total relevance 1).
+        label: the class whose heatmap moves; default the model's prediction for ``x``.
+        composite: the LRP composite (``configs/lrp``: ``epsilon_gamma_box``, ``epsilon_plus``,
+            ``attnlrp``, ...).
+        loss: ``"mse"``, ``"l1"`` or ``"huber"``.
+        steps: optimizer updates.
+        optimizer: ``"adam"`` or ``"sgd"``.
+        learning_rate: default the optimizer config's (1e-3 for Adam).
+        data: held-out ``(x, y)`` arrays: the model's and the student's accuracy on them join
+            the metrics (``reference_accuracy``, ``student_accuracy``); None without.
+        logdir: a folder for the run's files, as the command line writes them (TensorBoard
+            events, ``metrics.json``, ``student.keras``, ``heatmaps.png``, checkpoints). An
+            existing run there is refused unless ``overwrite=True``.
+        seed: Keras's global seed, set first (as the command line sets ``trainer.seed``).
+        low, high: the input's smallest and largest values, for the ``zbox`` rule of the
+            ``*_box`` composites; default 0 and 1 (images in [0, 1]).
+        **settings: any other key of the ``trainer``, ``lrp``, ``loss``, ``optimizer`` or
+            ``target`` config groups by its last name, e.g. ``epsilon=1e-3``,
+            ``jit_compile=False``, ``log_every=10``, ``precision="float64"``, ``delta=0.05``,
+            ``channels="keep"``, ``overwrite=True``.
+
+    Returns:
+        An :class:`Inversion`: ``.student``, ``.metrics``, ``.history``, ``.heatmaps``, ``.plot()``.
+
+    Raises:
+        ValueError: ``x`` or ``target`` of the wrong shape (both shapes named), an unknown
+            setting or value.
+        heatinv.lrp.UnsupportedLayerError: a layer the engine cannot explain (named).
+        heatinv.loop.GradientsVanished: the gradients vanished; its message is the doctor's report.
+
+    Example:
+    >>> import heatinv, keras, numpy as np
+    >>> keras.utils.set_random_seed(0)
+    >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
+    ...                           keras.layers.Dense(3)])
+    >>> x = np.random.default_rng(0).uniform(size=(8, 8, 1)).astype("float32")
+    >>> result = heatinv.invert(model, x, "frame", steps=50, composite="epsilon_plus", learning_rate=1e-2)
+    >>> result.history[0]["cosine"] < 0.5 < 0.9 < result.metrics["cosine"], result.heatmaps["final"].shape
+    (True, (1, 8, 8, 1))
+    >>> figure = result.plot()  # input, target, initial and final heatmaps
+    """
+    keras.utils.set_random_seed(seed)
+    input_shape = _input_shape(model)
+    x = _one_input(x, input_shape)
+    if isinstance(target, str) and (target not in PATTERNS or len(input_shape) != 3):
+        raise ValueError(
+            f"invert() target={target!r}: a pattern is one of {list(PATTERNS)} and is drawn on images; "
+            f"the model takes inputs of shape {input_shape}. Give the target heatmap as an array instead."
+        )
+    if label is None:
+        label = int(np.argmax(np.asarray(model(x, training=False))[0]))
+    groups = ["model=file", "init=reference", f"loss={loss}", f"lrp={composite}", f"optimizer={optimizer}",
+              f"target={'pattern' if isinstance(target, str) else 'file'}"]
+    values = {
+        "model.path": IN_MEMORY, "trainer.steps": steps, "trainer.seed": seed, "target.label": label,
+        **({"target.pattern": target} if isinstance(target, str) else {"target.path": IN_MEMORY}),
+        **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
+    }
+    with _run_folder(logdir) as out:
+        cfg = _compose(groups)
+        for key, value in {**values, "paths.output_dir": out, "paths.root": out}.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        _apply(cfg, settings)
+        cfg.lrp.low = None if low is None else np.asarray(low, np.float32).tolist()
+        cfg.lrp.high = None if high is None else np.asarray(high, np.float32).tolist()
+        validate(cfg)
+        cfg.data.name = "arrays"  # after validation: the run's config says where its data came from
+        parts = _parts(model, x, label, data, cfg.trainer.precision)
+        channels = cfg.target.channels
+        task = SingleTask(cfg, parts, _target(target, x, label, channels, cfg.target.scale))
+        with held_run_directory(out):
+            guard_run_directory(out, False, cfg.trainer.overwrite)
+            metrics = run_task(cfg, parts, task=task)
+        if logdir is not None:
+            announce_files(out)
+        return Inversion(
+            task.student, metrics, task.history,
+            {"initial": task.initial, "final": task.final_map, "target": task.target.heatmap},
+            x, label, logdir, task.figure,
+        )
+
+
+@contextlib.contextmanager
+def _run_folder(logdir: str | None):
+    if logdir is not None:
+        os.makedirs(logdir, exist_ok=True)
+        yield os.path.abspath(logdir)
+        return
+    with tempfile.TemporaryDirectory(prefix="heatinv-invert-") as out:
+        yield out
+
+
+def _compose(overrides: list[str]):
+    """The ``train`` config as the command line composes it with these group choices; a Hydra app's own state kept."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+    held = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+        if held is not None:
+            GlobalHydra.instance().initialize(held)
+    return cfg
+
+
+def _apply(cfg, settings: dict) -> None:
+    """Each setting ``name=value`` on the one key of :data:`SETTING_GROUPS` whose last name it is."""
+    keys = {group: list(cfg[group].keys()) for group in SETTING_GROUPS}
+    for name, value in settings.items():
+        owners = [group for group, names in keys.items() if name in names]
+        if len(owners) != 1:
+            every = sorted({key for names in keys.values() for key in names})
+            near = difflib.get_close_matches(name, every, n=3)
+            what = f"is a key of {' and '.join(owners)}" if owners else "is no key of " + ", ".join(SETTING_GROUPS)
+            hint = f" Did you mean {', '.join(near)}?" if near and not owners else ""
+            raise ConfigError(
+                f"invert() setting {name}={value!r} {what}.{hint} Settings are the keys of those config groups by their "
+                f"last name ({', '.join(every)})."
+            )
+        try:
+            cfg[owners[0]][name] = value
+        except ValidationError as error:  # OmegaConf's type check, said in the setting's terms
+            raise ConfigError(f"invert() setting {name}={value!r} does not fit {owners[0]}.{name}: {error}") from None
+
+
+def _input_shape(model: keras.Model) -> tuple[int, ...]:
+    inputs = getattr(model, "inputs", None)
+    if not inputs or len(inputs) != 1 or any(size is None for size in inputs[0].shape[1:]):
+        raise ValueError(
+            f"invert() takes a model of one input of known shape (an image [H, W, C] or features [d]); model "
+            f"{model.name!r} takes {[tuple(i.shape) for i in inputs] if inputs else 'no defined input (build or call it first)'}."
+        )
+    return tuple(inputs[0].shape[1:])
+
+
+def _one_input(x, input_shape: tuple[int, ...]) -> np.ndarray:
+    """``x`` as ``[1, *input_shape]`` float32: the batch axis (and one channel) added where left out."""
+    array = np.asarray(x, dtype=np.float32)
+    for shape in (input_shape, (1, *input_shape)) + ((input_shape[:-1], (1, *input_shape[:-1])) if input_shape[-1] == 1 else ()):
+        if array.shape == shape:
+            return array.reshape((1, *input_shape))
+    raise ValueError(
+        f"invert() x has shape {array.shape}; the model takes inputs of shape {input_shape}: give one input of that "
+        f"shape, or [1, {', '.join(map(str, input_shape))}]."
+    )
+
+
+def _target(target, x: np.ndarray, label: int, channels: str, scale: float) -> Target:
+    """The target heatmap ``[1, *map shape]`` (a colour image's summed over channels unless ``channels="keep"``)."""
+    shape = x.shape[1:]
+    map_shape = shape[:-1] + (1,) if len(shape) == 3 and channels == "sum" else shape
+    if isinstance(target, str):
+        drawn = scale * pattern_map(target, shape[0], 1.0, width=shape[1])
+        heatmap, source = np.repeat(drawn / map_shape[-1], map_shape[-1], axis=-1), f"{target} pattern"
+    else:
+        given = np.asarray(target, dtype=np.float32)
+        raw = channels_as_map(given[0] if given.ndim == len(shape) + 1 and given.shape[0] == 1 else given, shape, map_shape)
+        expected = (map_shape, (*map_shape[:-1],)) if len(shape) == 3 and map_shape[-1] == 1 else (map_shape,)
+        heatmap = next((raw.reshape(map_shape) for e in expected if raw.shape == e), None)
+        if heatmap is None:
+            summed = " (a colour image's channels summed: channels='sum')" if map_shape != shape else ""
+            optional = " and the channel axis" if len(expected) > 1 else ""
+            raise ValueError(
+                f"invert() target has shape {given.shape}; the heatmap of an input of shape {shape} has shape "
+                f"{map_shape}{summed}. Give the target in that shape, with or without the batch axis{optional}."
+            )
+        if not np.any(heatmap) or not np.all(np.isfinite(heatmap)):
+            raise ValueError(
+                "invert() target is all zeros or holds NaN/Inf: there is nothing to match. Give the finite heatmap "
+                "the model should produce."
+            )
+        source = f"a {'x'.join(map(str, given.shape))} array"
+    return Target(x, heatmap[None].astype(np.float32), int(label), source)
+
+
+def _parts(model: keras.Model, x: np.ndarray, label: int, data, precision: str) -> Parts:
+    """The model as reference, a copy of it with its weights as the student, ``data`` as the held-out examples."""
+    dataset = None
+    if data is not None:
+        x_test, y_test = (np.asarray(a) for a in data)
+        if len(x_test) != len(y_test) or x_test.shape[1:] not in (x.shape[1:], x.shape[1:-1]):
+            raise ValueError(
+                f"invert() data holds x of shape {x_test.shape} and y of shape {y_test.shape}; expected held-out inputs "
+                f"[N, {', '.join(map(str, x.shape[1:]))}] and their N integer labels."
+            )
+        x_test, y_test = x_test.astype(np.float32).reshape((-1, *x.shape[1:])), y_test.astype(np.int64).reshape(-1)
+        classes = tuple(map(str, range(int(model.outputs[0].shape[-1]))))
+        dataset = Dataset(x_test, y_test, x_test, y_test, "arrays", classes)  # the held-out examples as both splits: no training here
+    student = keras.models.clone_model(model)
+    student.set_weights(model.get_weights())
+    if precision == "float64":
+        student = with_dtype(student, "float64")
+    reference_accuracy = None if dataset is None else accuracy(model, dataset.x_test, dataset.y_test)
+    return Parts(dataset, model, reference_accuracy, student)
