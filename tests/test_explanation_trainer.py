@@ -173,3 +173,19 @@ def test_wrong_uses_are_refused_with_the_fix():
     trainer.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match=r"batches of \(x, y\) and has no target function"):
         trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=1, verbose=0)
+
+
+def test_right_for_the_right_reasons_example_ignores_the_confounder():
+    """``scripts/right_for_the_right_reasons.py`` at 8 epochs (the README's figures are its 30).
+
+    Measured at 8 epochs: without swatches 0.773 (cross-entropy only) and 0.920 held-out accuracy;
+    relevance on the corners 0.092 and 0.007."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "scripts"))
+    try:
+        import right_for_the_right_reasons as example
+    finally:
+        sys.path.pop(0)
+    results = example.main(["--epochs", "8"])
+    plain, explained = results["cross-entropy only"], results["with the explanation term"]
+    assert explained["share on corners"] < 0.2 * plain["share on corners"]
+    assert explained["no swatch"] > plain["no swatch"] + 0.05
