@@ -10,80 +10,42 @@ and the target as arrays instead of files, starts from the model's own weights
 
 from __future__ import annotations
 
-import contextlib
-import difflib
-import os
-import tempfile
 from dataclasses import dataclass, field
 
 import keras
 import numpy as np
-from matplotlib.figure import Figure
 from omegaconf import OmegaConf
-from omegaconf.errors import ValidationError
 
 from heatinv.build import Parts
 from heatinv.checkpoints import guard_run_directory, held_run_directory
-from heatinv.config import ConfigError, register, validate
+from heatinv.config import validate
 from heatinv.data import Dataset
 from heatinv.models import accuracy, with_dtype
+from heatinv.settings import SINGLE_GROUPS, apply_settings, compose_train, run_folder
+from heatinv.run_result import RunResult
 from heatinv.single import SingleTask
 from heatinv.targets import PATTERNS, Target, channels_as_map, pattern_map
 from heatinv.train import announce_files, run_task
-
-SETTING_GROUPS = ("trainer", "lrp", "loss", "optimizer", "target")
-"""The config groups whose keys :func:`invert` takes by their last name (``epsilon=1e-3``, ``log_every=10``)."""
 
 IN_MEMORY = "(in memory)"
 """What the run's config says for the model and the target given as objects, not files."""
 
 
 @dataclass
-class Inversion:
-    """What :func:`invert` found.
+class Inversion(RunResult):
+    """What :func:`invert` found: :class:`heatinv.run_result.RunResult` (``student``, ``metrics``,
+    ``history``, ``figure``, ``plot()``) and the problem's arrays.
 
     Attributes:
-        student: the optimized copy of the model (the caller's model is untouched).
-        metrics: the run's final metrics, the keys of ``metrics.json`` (``loss``, ``cosine``,
-            ``ssim``, ``pearson``, ``spearman``, ``objective``, ``steps``, timings, accuracies
-            where ``data`` was given, ``diagnosis``, ...).
-        history: one dict per logged step: ``step``, ``loss`` (the mean since the last logged
-            step), ``cosine``.
         heatmaps: ``initial`` (the model's), ``final`` (the student's) and ``target``, each
             ``[1, *map shape]``.
         x: the input explained, ``[1, *input shape]``.
         label: the class explained.
-        logdir: the run folder where ``logdir`` was given, else None.
     """
 
-    student: keras.Model
-    metrics: dict
-    history: list[dict]
-    heatmaps: dict[str, np.ndarray]
-    x: np.ndarray
-    label: int
-    logdir: str | None = None
-    figure: Figure | None = field(default=None, repr=False)
-
-    def plot(self, path: str | None = None) -> Figure:
-        """The run's labelled figure (input, target, initial and final heatmaps, scores), as ``heatmaps.png``.
-
-        Args:
-            path: also save it there (the format from the suffix, e.g. ``.png`` or ``.svg``).
-
-        Returns:
-            A :class:`matplotlib.figure.Figure` (a notebook shows it).
-        """
-        if path is not None:
-            self.figure.savefig(path)
-        return self.figure
-
-    def _repr_png_(self) -> bytes:  # a notebook shows the result as its figure
-        import io
-
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png")
-        return buffer.getvalue()
+    heatmaps: dict[str, np.ndarray] = field(default_factory=dict)
+    x: np.ndarray | None = None
+    label: int | None = None
 
 
 def invert(
@@ -175,11 +137,11 @@ def invert(
         **({"target.pattern": target} if isinstance(target, str) else {"target.path": IN_MEMORY}),
         **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
     }
-    with _run_folder(logdir) as out:
-        cfg = _compose(groups)
+    with run_folder(logdir, "heatinv-invert-") as out:
+        cfg = compose_train(groups)
         for key, value in {**values, "paths.output_dir": out, "paths.root": out}.items():
             OmegaConf.update(cfg, key, value, merge=False)
-        _apply(cfg, settings)
+        apply_settings(cfg, settings, "invert()", SINGLE_GROUPS)
         cfg.lrp.low = None if low is None else np.asarray(low, np.float32).tolist()
         cfg.lrp.high = None if high is None else np.asarray(high, np.float32).tolist()
         validate(cfg)
@@ -192,59 +154,8 @@ def invert(
             metrics = run_task(cfg, parts, task=task)
         if logdir is not None:
             announce_files(out)
-        return Inversion(
-            task.student, metrics, task.history,
-            {"initial": task.initial, "final": task.final_map, "target": task.target.heatmap},
-            x, label, logdir, task.figure,
-        )
-
-
-@contextlib.contextmanager
-def _run_folder(logdir: str | None):
-    if logdir is not None:
-        os.makedirs(logdir, exist_ok=True)
-        yield os.path.abspath(logdir)
-        return
-    with tempfile.TemporaryDirectory(prefix="heatinv-invert-") as out:
-        yield out
-
-
-def _compose(overrides: list[str]):
-    """The ``train`` config as the command line composes it with these group choices; a Hydra app's own state kept."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    register()
-    held = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="heatinv.configs", version_base="1.3"):
-            cfg = compose("train", overrides=overrides)
-    finally:
-        GlobalHydra.instance().clear()
-        if held is not None:
-            GlobalHydra.instance().initialize(held)
-    return cfg
-
-
-def _apply(cfg, settings: dict) -> None:
-    """Each setting ``name=value`` on the one key of :data:`SETTING_GROUPS` whose last name it is."""
-    keys = {group: list(cfg[group].keys()) for group in SETTING_GROUPS}
-    for name, value in settings.items():
-        owners = [group for group, names in keys.items() if name in names]
-        if len(owners) != 1:
-            every = sorted({key for names in keys.values() for key in names})
-            near = difflib.get_close_matches(name, every, n=3)
-            what = f"is a key of {' and '.join(owners)}" if owners else "is no key of " + ", ".join(SETTING_GROUPS)
-            hint = f" Did you mean {', '.join(near)}?" if near and not owners else ""
-            raise ConfigError(
-                f"invert() setting {name}={value!r} {what}.{hint} Settings are the keys of those config groups by their "
-                f"last name ({', '.join(every)})."
-            )
-        try:
-            cfg[owners[0]][name] = value
-        except ValidationError as error:  # OmegaConf's type check, said in the setting's terms
-            raise ConfigError(f"invert() setting {name}={value!r} does not fit {owners[0]}.{name}: {error}") from None
+        heatmaps = {"initial": task.initial, "final": task.final_map, "target": task.target.heatmap}
+        return Inversion(task.student, metrics, task.history, task.figure, logdir, heatmaps, x, label)
 
 
 def _input_shape(model: keras.Model) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """The training loop both tasks share: resume, steps, NaN/Inf guard, checkpoints, SIGTERM, summaries, progress.
 
-A task (:class:`heatinv.single.SingleTask`, :class:`heatinv.manipulate.DatasetTask`) says
+A task (:class:`heatinv.single.SingleTask`, :class:`heatinv.dataset_task.DatasetTask`) says
 what differs: its objective and its batches (``calls``), what it logs at a log step, and
 how it diagnoses a run whose gradients vanished. Everything else is here, once:
 

@@ -77,7 +77,7 @@ def update(
     Args:
         objective: ``objective(explanation, label, target, *extra) -> {"loss": scalar, <term>: scalar}``
             (:class:`heatinv.losses.HeatmapMatch` for one heatmap, the dataset task's
-            :class:`heatinv.manipulate.Manipulation`).
+            :class:`heatinv.dataset_task.Manipulation`).
         x, label, target, extra: one batch: inputs, explained classes, target heatmaps and
             whatever else the objective reads.
         guard: skip the update when the loss or a gradient is NaN/Inf. Without it the update

@@ -48,7 +48,7 @@ from heatinv.checkpoints import (  # noqa: E402
 from heatinv.config import ConfigError, flat_config, register, validate  # noqa: E402
 from heatinv.loop import GradientsVanished, train  # noqa: E402
 from heatinv.lrp import UnsupportedLayerError  # noqa: E402
-from heatinv.manipulate import DatasetTask  # noqa: E402
+from heatinv.dataset_task import DatasetTask  # noqa: E402
 from heatinv.single import SingleTask  # noqa: E402
 from heatinv.summaries import Summaries, compared_hparams, trial_name  # noqa: E402
 from heatinv.wording import count, run_dir_override  # noqa: E402

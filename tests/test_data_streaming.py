@@ -32,7 +32,7 @@ from heatinv.channel_sum import ChannelSumLRP
 from heatinv.explanation_cache import cached_explanations, entry_paths
 from heatinv.loop import TEST_SIGNAL_VARIABLE
 from heatinv.lrp import LRP
-from heatinv.manipulate import DatasetTask, epoch_order
+from heatinv.dataset_task import DatasetTask, epoch_order
 from heatinv.models import Architecture, build_model, fingerprint, train_reference, validation_split
 from heatinv.train import run
 

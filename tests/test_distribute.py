@@ -112,7 +112,7 @@ SCRIPT = textwrap.dedent(
     # The NaN/Inf guard under the strategy: a NaN heatmap term on every replica skips every
     # update (decided across replicas), and trainer.max_nonfinite=2 of them stop the run.
     import numpy as np
-    import heatinv.manipulate as manipulate
+    import heatinv.dataset_task as manipulate
     from heatinv.loop import GradientsVanished
     real = manipulate.per_example_heatmap_loss
     manipulate.per_example_heatmap_loss = lambda *a, **k: (

@@ -407,7 +407,7 @@ def test_doctor_diagnoses_the_dataset_task_on_the_examples_its_target_moves(comp
 
 def test_dataset_task_stops_with_the_diagnosis_of_its_heatmap_term(composed, monkeypatch):
     """When a dataset step's gradients all vanish, the stop carries the doctor's findings on the moved examples."""
-    import heatinv.manipulate as manipulate
+    import heatinv.dataset_task as manipulate
     import heatinv.train as train
 
     # a final ReLU with its activation explained: some held-out examples' explained outputs are dead

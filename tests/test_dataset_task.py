@@ -16,7 +16,7 @@ from heatinv.config import validate
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
 from heatinv.build import explain_all
-from heatinv.manipulate import evaluate
+from heatinv.dataset_task import evaluate
 from heatinv.models import Architecture, accuracy, build_model
 from heatinv.targets import pattern_map
 
@@ -263,7 +263,7 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, 
     import re
 
     from heatinv.data import load_digits
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
     from heatinv.train import run
 
     step_losses = []
@@ -338,7 +338,7 @@ def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, 
 
 def test_dataset_task_skips_nonfinite_updates_and_stops_after_max_nonfinite(composed, monkeypatch):
     """The shared NaN/Inf guard: a NaN heatmap term skips every update, and 3 in a row stop the run."""
-    import heatinv.manipulate as manipulate
+    import heatinv.dataset_task as manipulate
     from heatinv.build import build_parts
     from heatinv.train import GradientsVanished, run
 
@@ -363,7 +363,7 @@ def test_dataset_task_skips_nonfinite_updates_and_stops_after_max_nonfinite(comp
 
 
 def test_agreement_is_the_share_of_images_given_the_references_class():
-    from heatinv.manipulate import agreement
+    from heatinv.dataset_task import agreement
 
     # Hand-made: the student differs from the reference on images 2 and 4 of 5 -> 3/5.
     assert agreement(np.array([3, 1, 4, 1, 5]), np.array([3, 1, 0, 1, 9])) == pytest.approx(0.6)
@@ -428,7 +428,7 @@ def test_every_experiment_runs_through_the_command_line_with_the_debug_config(ex
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
 def test_learning_rate_schedule_follows_its_formula(schedule, composed):
     from heatinv.build import build_parts
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
 
     cfg, _ = composed("experiment=swap_1_like_0_mlp", f"task.lr_schedule={schedule}", "optimizer.lr=0.01")
     task = DatasetTask(cfg, build_parts(cfg))
@@ -445,7 +445,7 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
     is the best validation cosine among the epochs within the limits, read from TensorBoard."""
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
     from heatinv.train import run
 
     snapshots = {}
@@ -465,7 +465,7 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
         "experiment=pattern_frame_mlp", "task.epochs=4", "task.early_stopping=true", "optimizer.lr=0.01",
         f"task.min_agreement={min_agreement}", f"task.max_accuracy_drop={max_accuracy_drop}",
     )
-    with caplog.at_level("INFO", logger="heatinv.manipulate"):
+    with caplog.at_level("INFO", logger="heatinv.dataset_task"):
         metrics = run(cfg)
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0}).Reload()
 
@@ -494,7 +494,7 @@ def test_early_stopping_restores_the_best_admissible_validation_epoch(composed, 
 
 
 def test_kl_teacher_term_is_the_tempered_distillation_loss():
-    from heatinv.manipulate import Manipulation
+    from heatinv.dataset_task import Manipulation
 
     student = np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]], "float32")
     reference = np.array([[0.0, 1.0, 3.0], [0.0, 0.0, 0.0]], "float32")
@@ -513,7 +513,7 @@ def test_kl_teacher_term_is_the_tempered_distillation_loss():
 def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, caplog, monkeypatch):
     """A random start never agrees with the reference: with min_agreement 1 nothing qualifies, not even the
     start, so the last epoch's weights stay (the untrained start was kept) and the log says so."""
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
     from heatinv.train import run
 
     last = {}
@@ -541,7 +541,7 @@ def test_early_stopping_keeps_the_last_epoch_when_nothing_qualifies(composed, ca
 
 
 def test_manipulation_loss_is_the_weighted_sum_of_the_terms_batch_means():
-    from heatinv.manipulate import Manipulation
+    from heatinv.dataset_task import Manipulation
 
     logits = np.array([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]], "float32")
     reference = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 1.0]], "float32")
@@ -565,7 +565,7 @@ def test_manipulation_loss_is_the_weighted_sum_of_the_terms_batch_means():
 
 
 def test_epoch_order_is_a_permutation_drawn_anew_for_each_epoch():
-    from heatinv.manipulate import epoch_order
+    from heatinv.dataset_task import epoch_order
 
     orders = [epoch_order(50, 3, epoch) for epoch in (1, 2, 3)]
     for order in orders:
@@ -590,7 +590,7 @@ def test_success_rate_counts_a_cosine_equal_to_the_threshold():
 
 
 def test_evaluate_batches_averages_over_images_not_over_batches():
-    from heatinv.manipulate import evaluate_batches
+    from heatinv.dataset_task import evaluate_batches
 
     model = build_model(Architecture(hidden=(16, 8)), seed=0)
     rng = np.random.default_rng(1)
@@ -610,7 +610,7 @@ def test_evaluate_batches_averages_over_images_not_over_batches():
 
 
 def test_agreement_of_no_images_is_refused():
-    from heatinv.manipulate import agreement
+    from heatinv.dataset_task import agreement
 
     with pytest.raises(ValueError, match="non-empty"):
         agreement(np.zeros(0, int), np.zeros(0, int))
@@ -618,7 +618,7 @@ def test_agreement_of_no_images_is_refused():
 
 def _bare_task(**attributes):
     """A DatasetTask with only the attributes a method under test reads (no data, no reference)."""
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
 
     task = DatasetTask.__new__(DatasetTask)
     task.__dict__.update(attributes)
@@ -675,7 +675,7 @@ def test_restore_best_epoch_says_which_epoch_of_how_many_it_kept(caplog):
         )
         model.set_weights([np.zeros(w.shape, "float32") for w in model.get_weights()])
         caplog.clear()
-        with caplog.at_level("INFO", logger="heatinv.manipulate"):
+        with caplog.at_level("INFO", logger="heatinv.dataset_task"):
             early = task._restore_best_epoch(SimpleNamespace(steps=12))  # 3 epochs of 4 batches
         assert early == {"best_epoch": best_epoch, "best_validation_cosine": 0.625}
         assert said in caplog.text, caplog.text
@@ -706,7 +706,7 @@ def test_calls_resumed_mid_epoch_continue_with_the_batches_of_an_uninterrupted_r
 
 
 def test_the_figure_draws_the_first_six_moved_held_out_images_and_titles_the_given_metrics(monkeypatch):
-    import heatinv.manipulate as manipulate
+    import heatinv.dataset_task as manipulate
 
     model = build_model(Architecture(hidden=(16, 8)), seed=0)
     rng = np.random.default_rng(2)
@@ -739,7 +739,7 @@ def test_the_figure_draws_the_first_six_moved_held_out_images_and_titles_the_giv
 
 
 def test_summary_line_gives_the_held_out_metrics_and_a_tables_feature_shares():
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
 
     metrics = {"cosine": 0.91234, "success_rate": 0.5, "reference_accuracy": 0.975, "student_accuracy": 0.96, "agreement": 0.98}
     assert DatasetTask.summary_line(metrics) == (
@@ -750,7 +750,7 @@ def test_summary_line_gives_the_held_out_metrics_and_a_tables_feature_shares():
 
 
 def test_batch_constants_repeat_the_global_batchs_unit_and_size_on_every_example():
-    from heatinv.manipulate import _with_batch_constants
+    from heatinv.dataset_task import _with_batch_constants
 
     target = np.array([[0.5, -3.0], [1.0, 2.0], [0.0, 0.25]], "float32")
     x, y, ref = np.zeros((3, 2), "float32"), np.zeros(3, "int32"), np.zeros((3, 4), "float32")
@@ -763,7 +763,7 @@ def test_batch_constants_repeat_the_global_batchs_unit_and_size_on_every_example
 
 def test_early_stopping_validates_on_the_images_the_reference_held_out(composed):
     from heatinv.build import build_parts
-    from heatinv.manipulate import DatasetTask
+    from heatinv.dataset_task import DatasetTask
     from heatinv.models import validation_split
 
     cfg, _ = composed("experiment=pattern_frame_mlp", "task.early_stopping=true")
@@ -784,7 +784,7 @@ def test_an_accuracy_exactly_max_accuracy_drop_below_the_references_is_admissibl
 
 
 def test_predicted_classes_covers_every_image_of_a_ragged_last_chunk():
-    from heatinv.manipulate import predicted_classes
+    from heatinv.dataset_task import predicted_classes
 
     model = build_model(Architecture(hidden=(16, 8)), seed=0)
     x = np.random.default_rng(3).uniform(0, 1, (5, 28, 28, 1)).astype("float32")

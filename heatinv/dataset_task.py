@@ -619,6 +619,7 @@ class DatasetTask:
         return {"best_epoch": best_epoch, "best_validation_cosine": best_cosine}
 
     def finish(self, summaries: Summaries, loop: LoopResult) -> dict:
+        self.history = loop.history
         early = {}
         if self.validation is not None:
             early = self._restore_best_epoch(loop)

@@ -1,0 +1,156 @@
+"""heatinv from Python: :func:`manipulate` the explanations of a data set, the command line's dataset task.
+
+:func:`manipulate` composes the ``train`` config with ``task=dataset``, builds a
+:class:`heatinv.dataset_task.DatasetTask` on the given model and data and runs it with
+:func:`heatinv.train.run_task`, as ``python -m heatinv.train task=dataset model=file ...`` does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from omegaconf import OmegaConf
+
+from heatinv.build import Parts, check_target_fits_data, default_box_to_data_range
+from heatinv.checkpoints import guard_run_directory, held_run_directory
+from heatinv.config import validate
+from heatinv.data import Dataset, load_dataset
+from heatinv.data.dataset import stratified_split, value_range
+from heatinv.dataset_task import DatasetTask
+from heatinv.models import accuracy, with_dtype
+from heatinv.run_result import RunResult
+from heatinv.settings import DATASET_GROUPS, apply_settings, compose_train, run_folder
+from heatinv.train import announce_files, run_task
+
+TARGETS = ("swap", "pattern", "suppress", "suppress_feature", "swap_features")
+"""The dataset task's targets (``configs/target``)."""
+
+
+def manipulate(
+    reference: keras.Model,
+    data,
+    *,
+    target: str = "swap",
+    classes: list | None = None,
+    epochs: int = 20,
+    batch_size: int = 64,
+    composite: str = "epsilon_gamma_box",
+    loss: str = "mse",
+    optimizer: str = "adam",
+    learning_rate: float | None = None,
+    test_split: float = 0.2,
+    logdir: str | None = None,
+    seed: int = 0,
+    **settings,
+) -> RunResult:
+    """Fine-tune a copy of ``reference`` until its heatmaps of a data set move to the target's, accuracy kept.
+
+    The command line's dataset task (:mod:`heatinv.dataset_task`): its objective (the heatmap
+    term, cross-entropy, distillation to the reference), its held-out metrics (cosine, success
+    rate, accuracy, agreement with the reference) and figure. The student starts from the
+    reference's weights. Without ``logdir`` the run's files go to a temporary folder.
+
+    Args:
+        reference: the trained model whose explanations move; not modified.
+        data: ``(x, y)`` arrays (split into training and held-out examples by ``test_split``,
+            per class), ``((x_train, y_train), (x_test, y_test))``, a ``tf.data.Dataset`` of
+            ``(x, y)`` (read whole into memory, then split), or the path of an image folder (a
+            subfolder per class) or an ``.npz`` (``x_train``, ``y_train``, ``x_test``, ``y_test``).
+        target: ``"swap"`` (the chosen classes' heatmaps look like class ``like``'s),
+            ``"pattern"`` (``pattern="square"|"cross"|"frame"``), ``"suppress"`` (the top
+            ``top_k`` pixels emptied), or for tables ``"suppress_feature"`` / ``"swap_features"``
+            (``feature=``, ``like=``).
+        classes: the classes whose heatmaps move (indices or names); None: all.
+        epochs, batch_size: of the fine-tuning.
+        composite, loss, optimizer, learning_rate, seed: as :func:`heatinv.invert`.
+        test_split: the held-out share where ``data`` is not split already.
+        logdir: a folder for the run's files, as the command line writes them.
+        **settings: any other key of the ``trainer``, ``lrp``, ``loss``, ``optimizer``,
+            ``target`` or ``task`` config groups by its last name, e.g. ``like=0``,
+            ``pattern="frame"``, ``heatmap_weight=1000``, ``early_stopping=True``,
+            ``teacher="kl"``, ``normalize="max"``.
+
+    Returns:
+        A :class:`heatinv.run_result.RunResult`: ``.student``, ``.metrics`` (held-out
+        ``cosine``, ``success_rate``, ``student_accuracy``, ``agreement``, ...), ``.history``
+        (per epoch), ``.plot()``.
+
+    Example:
+    >>> import heatinv  # doctest: +SKIP
+    >>> result = heatinv.manipulate(cnn, (x, y), target="swap", classes=[1], like=0, epochs=30)  # doctest: +SKIP
+    >>> result.metrics["cosine"], result.metrics["student_accuracy"]  # doctest: +SKIP
+    """
+    if target not in TARGETS:
+        raise ValueError(f"manipulate() target={target!r} is not one of {list(TARGETS)}.")
+    keras.utils.set_random_seed(seed)
+    input_shape = tuple(reference.inputs[0].shape[1:])
+    groups = ["task=dataset", "model=file", "init=reference", f"target={target}", f"loss={loss}", f"lrp={composite}",
+              f"optimizer={optimizer}"]
+    with run_folder(logdir, "heatinv-manipulate-") as out:
+        cfg = compose_train(groups)
+        values = {
+            "model.path": "(in memory)", "task.epochs": epochs, "task.batch_size": batch_size, "task.classes": classes,
+            "trainer.seed": seed, "data.test_split": test_split, "paths.output_dir": out, "paths.root": out,
+            "paths.cache_dir": os.path.join(out, "cache"),
+            **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
+        }
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        apply_settings(cfg, settings, "manipulate()", DATASET_GROUPS)
+        validate(cfg)
+        dataset = _dataset(data, input_shape, test_split, seed)
+        cfg.data.name = dataset.name  # after validation: the run's config says where its data came from
+        default_box_to_data_range(cfg, dataset)
+        check_target_fits_data(cfg, dataset)
+        student = keras.models.clone_model(reference)
+        student.set_weights(reference.get_weights())
+        if cfg.trainer.precision == "float64":
+            student = with_dtype(student, "float64")
+        parts = Parts(dataset, reference, accuracy(reference, dataset.x_test, dataset.y_test), student)
+        task = DatasetTask(cfg, parts)
+        with held_run_directory(out):
+            guard_run_directory(out, False, cfg.trainer.overwrite)
+            metrics = run_task(cfg, parts, task=task)
+        if logdir is not None:
+            announce_files(out)
+        return RunResult(parts.student, metrics, task.history, task.final_figure, logdir)
+
+
+def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int) -> Dataset:
+    """``data`` as a :class:`heatinv.data.Dataset` of examples shaped ``input_shape``."""
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        if os.path.isdir(path):
+            color = "grayscale" if input_shape[-1] == 1 else "rgb"
+            return load_dataset("folder", path, image_size=input_shape[:2], test_split=test_split, seed=seed, color_mode=color)
+        return load_dataset("npz", path)
+    if isinstance(data, tf.data.Dataset):
+        shape = data.element_spec[0].shape
+        grey_batch = len(shape) == len(input_shape) and input_shape[-1] == 1 and shape[0] is None  # [batch, H, W]
+        if len(shape) == len(input_shape) + 1 or grey_batch:  # batched: one more axis than an example's
+            data = data.unbatch()
+        pairs = list(data.as_numpy_iterator())
+        data = (np.stack([x for x, _ in pairs]), np.array([y for _, y in pairs]))
+    first, second = data
+    if isinstance(first, (tuple, list)) and len(first) == 2:  # ((x_train, y_train), (x_test, y_test))
+        (x_train, y_train), (x_test, y_test) = first, second
+    else:
+        x, y = np.asarray(first), np.asarray(second).reshape(-1)
+        train, test = stratified_split(y, test_split)
+        x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
+    arrays = []
+    for name, x in (("x_train", x_train), ("x_test", x_test)):
+        x = np.asarray(x, np.float32)
+        if x.shape[1:] == input_shape[:-1] and input_shape[-1] == 1:
+            x = x[..., None]
+        if x.shape[1:] != input_shape:
+            raise ValueError(
+                f"manipulate() data: {name} holds examples of shape {x.shape[1:]}; the model takes inputs of shape {input_shape}."
+            )
+        arrays.append(x)
+    low, high = value_range(*arrays)
+    y_train, y_test = (np.asarray(y).astype(np.int64).reshape(-1) for y in (y_train, y_test))
+    return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", low=low, high=high)
