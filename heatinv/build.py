@@ -305,7 +305,10 @@ def _check_dataset_classes(cfg, dataset: Dataset, names: str) -> None:
 def architecture(cfg) -> Architecture:
     """The ``model`` config group as an :class:`~heatinv.models.Architecture`."""
     m = cfg.model
-    return Architecture(m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2, m.beta, m.pool)
+    return Architecture(
+        m.name, tuple(m.hidden), tuple(m.filters), m.activation, m.output_activation, m.l2, m.beta, m.pool, m.patch, m.dim,
+        m.depth, m.heads,
+    )
 
 
 def check_model_fits(model: keras.Model, dataset: Dataset, path: str) -> None:

@@ -42,7 +42,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # mlp | cnn | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
+    name: str = "mlp"  # mlp | cnn | vit | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
     path: Optional[str] = None  # a .keras/.h5 file for model=file
     weights: Optional[str] = None  # a local <file>.weights.h5 for the reference (none: trained here); not with model=file
     hidden: list[int] = field(default_factory=lambda: [300, 100])
@@ -53,6 +53,10 @@ class ModelConfig:
     output_activation: str = "linear"  # linear | relu | softmax
     l2: float = 1e-4
     reference_epochs: int = 20
+    patch: int = 0  # vit: the patches' side (0: the smallest that leaves at most 64 tokens)
+    dim: int = 32  # vit: the tokens' width
+    depth: int = 2  # vit: encoder blocks
+    heads: int = 4  # vit: attention heads per block
 
 
 @dataclass
@@ -158,7 +162,7 @@ class TrainConfig:
 
 CHOICES = {
     "data.name": DATASET_NAMES[:-2] + TABULAR_NAMES + ("csv",),
-    "model.name": ("mlp", "cnn", "file") + tuple(APPLICATIONS),
+    "model.name": ("mlp", "cnn", "vit", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
     "model.pool": ("max", "avg", "strided"),
     "data.color_mode": tuple(COLOR_MODES),
@@ -248,6 +252,7 @@ READ_ONLY_WHEN = (
     ReadOnlyWhen(("optimizer.momentum",), lambda c: c.optimizer.name == "sgd", "optimizer=sgd", ("optimizer.name",)),
     ReadOnlyWhen(("model.hidden",), lambda c: c.model.name == "mlp", "model=mlp", ("model.name",)),
     ReadOnlyWhen(("model.filters", "model.pool"), lambda c: c.model.name == "cnn", "model=cnn", ("model.name",)),
+    ReadOnlyWhen(("model.patch", "model.dim", "model.depth", "model.heads"), lambda c: c.model.name == "vit", "model=vit", ("model.name",)),
     ReadOnlyWhen(
         ("model.output_activation", "model.l2"), lambda c: c.model.name in ("mlp", "cnn"),
         "model=mlp and model=cnn (an application ends in linear logits; a model file is used as saved)", ("model.name",),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import warnings
@@ -28,6 +29,7 @@ from heatinv.data import Dataset, image_key, reading
 from heatinv.layers import SoftplusBeta
 from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.progress import FitProgress
+from heatinv.transformers import vit
 from heatinv.startup import dropping_known_notices
 from heatinv.wording import count
 
@@ -64,6 +66,10 @@ class Architecture:
     l2: float = 1e-4
     beta: float = 10.0  # sharpness of activation="softplus"
     pool: str = "max"  # the cnn's downsampling: "max" or "avg" pooling, or "strided" convolutions
+    patch: int = 0  # the vit's patch side; 0: from the image size (:func:`vit_patch`)
+    dim: int = 32
+    depth: int = 2
+    heads: int = 4
 
 
 def build_model(
@@ -75,6 +81,9 @@ def build_model(
     ``cnn``: Conv 3x3 -> Pool 2 -> Conv 3x3 -> Pool 2 -> Flatten -> Dense(classes), the pooling
     max (``pool="max"``) or average (``pool="avg"``); ``pool="strided"`` drops the pooling
     and steps each convolution by 2 instead.
+    ``vit``: a Vision Transformer (:func:`heatinv.transformers.vit`: patches embedded by a
+    strided Conv2D, learned positions, ``depth`` pre-norm blocks of ``heads`` heads, the mean
+    token, linear logits).
     ``activation="softplus"`` puts a :class:`~heatinv.layers.SoftplusBeta` (sharpness
     ``beta``) after each hidden layer instead of a ReLU. A name of :data:`APPLICATIONS`
     builds that Keras application (``weights=None``, linear logits).
@@ -89,6 +98,11 @@ def build_model(
     if arch.name in APPLICATIONS:
         model = build_application(arch.name, input_shape, num_classes)
         return smoothed(model, arch.beta) if arch.activation == "softplus" else model
+    if arch.name == "vit":
+        if len(input_shape) != 3:
+            raise ValueError(f"model=vit needs images [H, W, C]; the data gives feature vectors of shape {input_shape}. Use model=mlp.")
+        patch = arch.patch or vit_patch(input_shape)
+        return vit(input_shape, num_classes, patch=patch, dim=arch.dim, depth=arch.depth, heads=arch.heads)
     if arch.name == "cnn" and len(input_shape) != 3:
         raise ValueError(
             f"model=cnn needs images [H, W, C]; the data gives feature vectors of shape {input_shape}. "
@@ -135,6 +149,32 @@ def build_model(
         keras.layers.Dense(num_classes, activation=arch.output_activation, kernel_regularizer=regularizer, name="output")
     )
     return keras.Sequential(layers, name=arch.name)
+
+
+VIT_FIELDS = ("patch", "dim", "depth", "heads")
+
+
+def architecture_key(arch: Architecture) -> dict:
+    """What names the architecture in a cache key: its fields, the vit's own only for a vit (other keys stay as they were)."""
+    fields = asdict(arch)
+    return fields if arch.name == "vit" else {k: v for k, v in fields.items() if k not in VIT_FIELDS}
+
+
+def vit_patch(input_shape: tuple[int, ...], most_tokens: int = 64) -> int:
+    """The smallest patch side that divides both image sides and leaves at most ``most_tokens`` patches.
+
+    Example:
+    >>> vit_patch((28, 28, 1)), vit_patch((32, 32, 3)), vit_patch((224, 224, 3))
+    (4, 4, 28)
+    """
+    height, width = input_shape[:2]
+    for patch in range(1, math.gcd(height, width) + 1):
+        if height % patch == 0 and width % patch == 0 and (height // patch) * (width // patch) <= most_tokens:
+            return patch
+    raise ValueError(
+        f"model=vit cuts {height}x{width} images into square patches that divide both sides; none leaves at most "
+        f"{most_tokens} tokens. Give model.patch, or images whose sides share a larger divisor."
+    )
 
 
 def build_application(name: str, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
@@ -397,7 +437,7 @@ def reference_model(
         model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
         load_weights_file(model, weights, arch.name)
         return model, accuracy(model, dataset.x_test, dataset.y_test)
-    key = {"data": dataset.name, "fingerprint": fingerprint(dataset), "arch": asdict(arch), "epochs": epochs, "seed": seed,
+    key = {"data": dataset.name, "fingerprint": fingerprint(dataset), "arch": architecture_key(arch), "epochs": epochs, "seed": seed,
            "recipe": REFERENCE_RECIPE}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir, f"reference-{arch.name}-{digest}.keras")

@@ -40,3 +40,27 @@ def test_text_padding_is_masked_in_every_block(composite):
     np.testing.assert_allclose(padded.logits.numpy(), alone.logits.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(padded.relevance.numpy()[:, 3:], 0.0)
     np.testing.assert_allclose(padded.relevance.numpy()[:, :3], alone.relevance.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_model_vit_is_explained_by_attnlrp_unless_the_command_line_names_a_composite(config):
+    assert config("model=vit").lrp.composite == "attnlrp"
+    assert config("model=vit", "lrp=epsilon_plus").lrp.composite == "epsilon_plus"
+    assert config().lrp.composite == "epsilon_gamma_box"  # the other models keep the default
+
+
+def test_vit_patch_leaves_at_most_64_tokens():
+    from heatinv.models import vit_patch
+
+    assert [vit_patch(shape) for shape in ((28, 28, 1), (32, 32, 3), (224, 224, 3), (8, 12, 1))] == [4, 4, 28, 2]
+    with pytest.raises(ValueError, match=r"17x19 images.*model.patch"):
+        vit_patch((17, 19, 1))
+
+
+def test_the_main_job_runs_on_a_vit(config):
+    """A smoke-sized run (one reference epoch, four steps) of ``model=vit``: the reference, the student and the step."""
+    from heatinv.train import run
+
+    metrics = run(config("model=vit", "model.dim=8", "model.depth=1", "model.heads=2", "target=digit7"))
+    assert metrics["steps"] == 4 and np.isfinite(metrics["cosine"])
+    # The digits' blank border patches make z = 0 exactly with the initial zero biases: named, not stopped.
+    assert {finding["code"] for finding in metrics["diagnosis"]} <= {"nan-division"}
