@@ -17,18 +17,31 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from heatinv.build import Parts
-from heatinv.checkpoints import guard_run_directory, held_run_directory
+from heatinv.checkpoints import held_run_directory
 from heatinv.config import validate
 from heatinv.data import Dataset
+from heatinv.data.dataset import value_range
 from heatinv.models import accuracy, with_dtype
-from heatinv.settings import SINGLE_GROUPS, apply_settings, compose_train, run_folder
+from heatinv.settings import IN_MEMORY, NO_RESUME, SINGLE_GROUPS, apply_settings, compose_train, guard_logdir, run_folder
 from heatinv.run_result import RunResult
 from heatinv.single import SingleTask
 from heatinv.targets import PATTERNS, Target, channels_as_map, pattern_map
 from heatinv.train import announce_files, run_task
 
-IN_MEMORY = "(in memory)"
-"""What the run's config says for the model and the target given as objects, not files."""
+REFUSED = {
+    "kind": "the target argument says what the target is.",
+    "label": "use the label= argument.",
+    "index": "the input is the x argument.",
+    "image": "the input is the x argument.",
+    "path": "give the target map as the target argument (an array).",
+    "pattern": 'give the pattern as the target argument (target="frame").',
+    "like": "it belongs to the dataset task (heatinv.manipulate).",
+    "top_k": "it belongs to the dataset task (heatinv.manipulate).",
+    "feature": "move a table's feature with heatinv.manipulate (target=\"suppress_feature\"), or give the map.",
+    "resume": NO_RESUME,
+    "strategy": "a single inversion runs on one device.",
+}
+"""Settings :func:`invert` takes as arguments or does not use, with what to do instead."""
 
 
 @dataclass
@@ -93,12 +106,14 @@ def invert(
             events, ``metrics.json``, ``student.keras``, ``heatmaps.png``, checkpoints). An
             existing run there is refused unless ``overwrite=True``.
         seed: Keras's global seed, set first (as the command line sets ``trainer.seed``).
-        low, high: the input's smallest and largest values, for the ``zbox`` rule of the
-            ``*_box`` composites; default 0 and 1 (images in [0, 1]).
+        low, high: the input box of the ``zbox`` rule of the ``*_box`` composites (a float,
+            or one per channel or feature); default the range of ``x`` and ``data``'s inputs,
+            as the command line takes the data's range.
         **settings: any other key of the ``trainer``, ``lrp``, ``loss``, ``optimizer`` or
             ``target`` config groups by its last name, e.g. ``epsilon=1e-3``,
             ``jit_compile=False``, ``log_every=10``, ``precision="float64"``, ``delta=0.05``,
-            ``channels="keep"``, ``overwrite=True``.
+            ``channels="keep"``, ``scale=2.0`` (a pattern's total), ``overwrite=True``. Keys the
+            arguments above set, or that a single inversion does not use, are refused.
 
     Returns:
         An :class:`Inversion`: ``.student``, ``.metrics``, ``.history``, ``.heatmaps``, ``.plot()``.
@@ -141,16 +156,19 @@ def invert(
         cfg = compose_train(groups)
         for key, value in {**values, "paths.output_dir": out, "paths.root": out}.items():
             OmegaConf.update(cfg, key, value, merge=False)
-        apply_settings(cfg, settings, "invert()", SINGLE_GROUPS)
-        cfg.lrp.low = None if low is None else np.asarray(low, np.float32).tolist()
-        cfg.lrp.high = None if high is None else np.asarray(high, np.float32).tolist()
+        refused = {**REFUSED, **({} if isinstance(target, str) else {"scale": "it sizes a pattern; scale the target array."})}
+        apply_settings(cfg, settings, "invert()", SINGLE_GROUPS, refused)
         validate(cfg)
         cfg.data.name = "arrays"  # after validation: the run's config says where its data came from
         parts = _parts(model, x, label, data, cfg.trainer.precision)
+        inputs = x if parts.dataset is None else np.concatenate([x, parts.dataset.x_test])
+        data_low, data_high = value_range(inputs, inputs)
+        cfg.lrp.low = _box(data_low if low is None else low)
+        cfg.lrp.high = _box(data_high if high is None else high)
         channels = cfg.target.channels
         task = SingleTask(cfg, parts, _target(target, x, label, channels, cfg.target.scale))
         with held_run_directory(out):
-            guard_run_directory(out, False, cfg.trainer.overwrite)
+            guard_logdir(out, logdir, cfg.trainer.overwrite, "invert()")
             metrics = run_task(cfg, parts, task=task)
         if logdir is not None:
             announce_files(out)
@@ -213,7 +231,8 @@ def _parts(model: keras.Model, x: np.ndarray, label: int, data, precision: str) 
     dataset = None
     if data is not None:
         x_test, y_test = (np.asarray(a) for a in data)
-        if len(x_test) != len(y_test) or x_test.shape[1:] not in (x.shape[1:], x.shape[1:-1]):
+        shapes = (x.shape[1:], x.shape[1:-1]) if x.shape[-1] == 1 and x.ndim == 4 else (x.shape[1:],)
+        if len(x_test) != len(y_test) or x_test.shape[1:] not in shapes or y_test.ndim != 1:
             raise ValueError(
                 f"invert() data holds x of shape {x_test.shape} and y of shape {y_test.shape}; expected held-out inputs "
                 f"[N, {', '.join(map(str, x.shape[1:]))}] and their N integer labels."
@@ -227,3 +246,9 @@ def _parts(model: keras.Model, x: np.ndarray, label: int, data, precision: str) 
         student = with_dtype(student, "float64")
     reference_accuracy = None if dataset is None else accuracy(model, dataset.x_test, dataset.y_test)
     return Parts(dataset, model, reference_accuracy, student)
+
+
+def _box(value) -> float | list[float]:
+    """A box bound as the config holds it: a float, or one float per channel or feature."""
+    value = np.asarray(value, np.float64)
+    return float(value) if value.ndim == 0 else [float(v) for v in value.ravel()]

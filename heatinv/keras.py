@@ -16,7 +16,7 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from heatinv.losses import LOSSES, heatmap_loss
+from heatinv.losses import LOSSES, batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
 from heatinv.similarity import cosine
 
@@ -53,7 +53,9 @@ class ExplanationTrainer(keras.Model):
         student: a model heatinv can explain, computing logits ``[batch, classes]``.
         composite: the LRP composite (``epsilon_gamma_box``, ``epsilon_plus``, ``attnlrp``, ...).
         target: a function ``(x, y) -> [batch, *map shape]`` for data without targets.
-        low, high, epsilon, gamma: the composite's parameters (:class:`heatinv.lrp.LRP`).
+        low, high: the input box of the ``zbox`` rule of the ``*_box`` composites: the data's
+            smallest and largest values (default 0 and 1, images; give your data's range).
+        epsilon, gamma: the composite's parameters (:class:`heatinv.lrp.LRP`).
 
     Example:
     >>> import keras, numpy as np, tensorflow as tf
@@ -89,7 +91,7 @@ class ExplanationTrainer(keras.Model):
         self.explainer = LRP(student, composite, **self.settings)
         self.explanation_loss_tracker = keras.metrics.Mean(name="explanation_loss")
         self.cosine_tracker = None
-        self.explanation_loss, self.explanation_weight = heatmap_loss("mse"), 1.0
+        self.explanation_loss, self.explanation_loss_name, self.explanation_weight = _global_unit_loss("mse"), "mse", 1.0
         self.built = student.built  # its variables are the student's (BackupAndRestore loads into a built model)
 
     def compile(self, optimizer="rmsprop", loss=None, *, explanation_loss="mse", explanation_weight: float = 1.0, **kwargs):
@@ -104,12 +106,13 @@ class ExplanationTrainer(keras.Model):
                 function ``(heatmap, target) -> scalar``.
             explanation_weight: the term's weight in the loss.
         """
+        self.explanation_loss_name = None if callable(explanation_loss) else explanation_loss
         if callable(explanation_loss):
             self.explanation_loss = explanation_loss
         elif explanation_loss == MASKED:
             self.explanation_loss = masked_share
         elif explanation_loss in LOSSES:
-            self.explanation_loss = heatmap_loss(explanation_loss)
+            self.explanation_loss = _global_unit_loss(explanation_loss)
         else:
             raise ValueError(
                 f"ExplanationTrainer.compile: explanation_loss={explanation_loss!r} is not one of "
@@ -133,6 +136,24 @@ class ExplanationTrainer(keras.Model):
         """``(x, (y, target))``: the target rides with the labels through Keras's step to :meth:`compute_loss`."""
         x, y, target = keras.utils.unpack_x_y_sample_weight(data)
         return x, (y, self._target(x, y, target))
+
+    def get_compile_config(self) -> dict:
+        config = super().get_compile_config()
+        if not config:
+            return config
+        if self.explanation_loss_name is None:
+            raise TypeError(
+                "An ExplanationTrainer compiled with an explanation_loss function cannot be saved with its compile "
+                "settings (the function is code). Save its weights (ModelCheckpoint(..., save_weights_only=True))."
+            )
+        return {**config, "explanation_loss": self.explanation_loss_name, "explanation_weight": self.explanation_weight}
+
+    def compile_from_config(self, config: dict) -> None:
+        config = dict(config)
+        explanation = {key: config.pop(key) for key in ("explanation_loss", "explanation_weight") if key in config}
+        self.compile(**keras.saving.deserialize_keras_object(config), **explanation)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
 
     def _target(self, x, y, given):
         if given is not None:
@@ -158,9 +179,8 @@ class ExplanationTrainer(keras.Model):
             loss = super().compute_loss(x, labels, y_pred, sample_weight, training)
         else:  # the explanation term alone
             loss = tf.zeros((), y_pred.dtype)
-        classes = tf.argmax(labels, axis=-1) if labels.shape.rank == 2 else labels
-        heatmap = self.explainer(x, tf.cast(tf.reshape(classes, [-1]), tf.int32))
-        target = tf.cast(target, heatmap.dtype)
+        heatmap = self.explainer(x, _classes(labels))
+        target = _as_heatmap(tf.cast(target, heatmap.dtype), heatmap)
         term = tf.cast(self.explanation_loss(heatmap, target), loss.dtype)
         self.explanation_loss_tracker.update_state(term)
         if self.cosine_tracker is not None:
@@ -169,7 +189,7 @@ class ExplanationTrainer(keras.Model):
         return loss + tf.cast(self.explanation_weight / replicas, loss.dtype) * term
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        return super().compute_metrics(x, y[0], y_pred, sample_weight)
+        return super().compute_metrics(x, y[0] if isinstance(y, tuple) else y, y_pred, sample_weight)
 
     def get_config(self) -> dict:
         if self.target_function is not None:
@@ -189,3 +209,41 @@ class ExplanationTrainer(keras.Model):
         config = dict(config)
         student = keras.saving.deserialize_keras_object(config.pop("student"), custom_objects=custom_objects)
         return cls(student, **config)
+
+
+def _classes(labels: tf.Tensor) -> tf.Tensor:
+    """The explained classes ``[batch]`` int32: integer labels (``[batch]`` or ``[batch, 1]``), or one-hot rows."""
+    if labels.shape.rank == 2 and labels.shape[-1] != 1:
+        labels = tf.argmax(labels, axis=-1)
+    return tf.cast(tf.reshape(labels, [-1]), tf.int32)
+
+
+def _as_heatmap(target: tf.Tensor, heatmap: tf.Tensor) -> tf.Tensor:
+    """``target`` in the heatmap's shape (a single channel's axis may be left out); any other shape refused."""
+    if target.shape.rank == heatmap.shape.rank - 1 and heatmap.shape[-1] == 1:
+        target = target[..., None]
+    if target.shape.rank != heatmap.shape.rank or not target.shape[1:].is_compatible_with(heatmap.shape[1:]):
+        raise ValueError(
+            f"ExplanationTrainer: the batch's third element has shape {target.shape}; a target for heatmaps of shape "
+            f"{heatmap.shape} must have that shape (a single channel's axis may be left out). Keras's class_weight and "
+            "sample_weight also arrive as a third element: they are not supported here."
+        )
+    return target
+
+
+def _global_unit_loss(name: str):
+    """The command line's heatmap loss ``name`` in units of the largest ``|target|`` of the whole batch.
+
+    Under a ``tf.distribute`` strategy each replica sees part of the batch; the unit is the
+    maximum over all replicas, so the replicas' terms add up to the single-device loss.
+    """
+    per_example = per_example_heatmap_loss(name)
+
+    def loss(heatmap: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
+        unit = batch_unit(target, dtype=heatmap.dtype)
+        replica = tf.distribute.get_replica_context()
+        if replica is not None and replica.num_replicas_in_sync > 1:
+            unit = tf.reduce_max(replica.all_gather(unit[None], axis=0))  # ReduceOp has no maximum
+        return tf.reduce_mean(per_example(heatmap, target, unit))
+
+    return loss

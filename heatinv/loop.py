@@ -148,7 +148,7 @@ class LoopResult:
         findings: the task's diagnosis when it stopped.
         last: the last call's result (None without calls).
         history: at each log step of this process, ``{"step": ..., "loss": ..., **the task's values}``
-            (the loss: the mean since the previous log step).
+            (the loss: the mean since the previous log step; the values as the task logs them).
     """
 
     start: int

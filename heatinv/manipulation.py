@@ -15,18 +15,28 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.build import Parts, check_target_fits_data, default_box_to_data_range
-from heatinv.checkpoints import guard_run_directory, held_run_directory
+from heatinv.checkpoints import held_run_directory
 from heatinv.config import validate
 from heatinv.data import Dataset, load_dataset
 from heatinv.data.dataset import stratified_split, value_range
 from heatinv.dataset_task import DatasetTask
 from heatinv.models import accuracy, with_dtype
 from heatinv.run_result import RunResult
-from heatinv.settings import DATASET_GROUPS, apply_settings, compose_train, run_folder
+from heatinv.settings import IN_MEMORY, DATASET_GROUPS, NO_RESUME, apply_settings, compose_train, guard_logdir, run_folder
 from heatinv.train import announce_files, run_task
 
 TARGETS = ("swap", "pattern", "suppress", "suppress_feature", "swap_features")
 """The dataset task's targets (``configs/target``)."""
+
+REFUSED = {
+    "kind": "the target argument says what the target is.",
+    "label": "choose the classes that move with classes=[...].",
+    "index": "every held-out example is evaluated.",
+    "image": "the data argument holds the inputs.",
+    "path": "the data argument holds the inputs; a pattern is named by pattern=.",
+    "resume": NO_RESUME,
+}
+"""Settings :func:`manipulate` takes as arguments or does not use, with what to do instead."""
 
 
 def manipulate(
@@ -92,14 +102,14 @@ def manipulate(
     with run_folder(logdir, "heatinv-manipulate-") as out:
         cfg = compose_train(groups)
         values = {
-            "model.path": "(in memory)", "task.epochs": epochs, "task.batch_size": batch_size, "task.classes": classes,
+            "model.path": IN_MEMORY, "task.epochs": epochs, "task.batch_size": batch_size, "task.classes": classes,
             "trainer.seed": seed, "data.test_split": test_split, "paths.output_dir": out, "paths.root": out,
             "paths.cache_dir": os.path.join(out, "cache"),
             **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
         }
         for key, value in values.items():
             OmegaConf.update(cfg, key, value, merge=False)
-        apply_settings(cfg, settings, "manipulate()", DATASET_GROUPS)
+        apply_settings(cfg, settings, "manipulate()", DATASET_GROUPS, REFUSED)
         validate(cfg)
         dataset = _dataset(data, input_shape, test_split, seed)
         cfg.data.name = dataset.name  # after validation: the run's config says where its data came from
@@ -112,7 +122,7 @@ def manipulate(
         parts = Parts(dataset, reference, accuracy(reference, dataset.x_test, dataset.y_test), student)
         task = DatasetTask(cfg, parts)
         with held_run_directory(out):
-            guard_run_directory(out, False, cfg.trainer.overwrite)
+            guard_logdir(out, logdir, cfg.trainer.overwrite, "manipulate()")
             metrics = run_task(cfg, parts, task=task)
         if logdir is not None:
             announce_files(out)
@@ -138,7 +148,12 @@ def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int) -
     if isinstance(first, (tuple, list)) and len(first) == 2:  # ((x_train, y_train), (x_test, y_test))
         (x_train, y_train), (x_test, y_test) = first, second
     else:
-        x, y = np.asarray(first), np.asarray(second).reshape(-1)
+        x, y = np.asarray(first), np.asarray(second)
+        if y.ndim != 1 or len(y) != len(x):
+            raise ValueError(
+                f"manipulate() data holds x of shape {x.shape} and y of shape {y.shape}; expected one integer label per "
+                "example, y of shape [N] (not one-hot)."
+            )
         train, test = stratified_split(y, test_split)
         x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
     arrays = []

@@ -16,8 +16,11 @@ class RunResult:
     Attributes:
         student: the optimized copy of the model (the model passed in is untouched).
         metrics: the run's final metrics, the keys of its ``metrics.json``.
-        history: one dict per logged step (the dataset task: per epoch): ``step``, ``loss``
-            (the mean since the last logged step) and the task's values (``cosine``, ...).
+        history: one dict per logged step (the dataset task: per epoch): ``step`` (the updates
+            done), ``loss`` (the mean over the updates since the last logged step) and the
+            task's values: the single task's ``cosine`` is that of the heatmap its last update
+            started from (after ``step - 1`` updates, as TensorBoard's curve), the dataset
+            task's ``test_cosine`` is measured after the epoch.
         figure: the run's labelled figure, ``heatmaps.png``.
         logdir: the run folder where one was given, else None.
     """

@@ -13,6 +13,7 @@ import tempfile
 
 from omegaconf.errors import ValidationError
 
+from heatinv.checkpoints import RunDirectoryError, guard_run_directory
 from heatinv.config import ConfigError, register
 
 SINGLE_GROUPS = ("trainer", "lrp", "loss", "optimizer", "target")
@@ -46,21 +47,26 @@ def compose_train(groups: list[str]):
     return cfg
 
 
-def apply_settings(cfg, settings: dict, caller: str, groups: tuple[str, ...]) -> None:
+def apply_settings(cfg, settings: dict, caller: str, groups: tuple[str, ...], refused: dict[str, str]) -> None:
     """Each setting ``name=value`` on the one key of ``groups`` whose last name it is.
 
+    ``refused``: keys the caller takes otherwise or cannot use, each with what to do instead
+    (a key that would be accepted and then do nothing is refused, not ignored).
+
     Raises:
-        ConfigError: a name no group has (the nearest names suggested), one several groups have,
-            or a value of the wrong type; ``caller`` names the function in the message.
+        ConfigError: a refused name, a name no group has (the nearest names suggested), one
+            several groups have, or a value of the wrong type; ``caller`` names the function.
 
     Example:
     >>> cfg = compose_train([])
-    >>> apply_settings(cfg, {"epsilon": 1e-3, "log_every": 10}, "invert()", SINGLE_GROUPS)
+    >>> apply_settings(cfg, {"epsilon": 1e-3, "log_every": 10}, "invert()", SINGLE_GROUPS, {})
     >>> cfg.lrp.epsilon, cfg.trainer.log_every
     (0.001, 10)
     """
     keys = {group: list(cfg[group].keys()) for group in groups}
     for name, value in settings.items():
+        if name in refused:
+            raise ConfigError(f"{caller} setting {name}={value!r} is not taken here: {refused[name]}")
         owners = [group for group, names in keys.items() if name in names]
         if len(owners) != 1:
             every = sorted({key for names in keys.values() for key in names})
@@ -77,12 +83,36 @@ def apply_settings(cfg, settings: dict, caller: str, groups: tuple[str, ...]) ->
             raise ConfigError(f"{caller} setting {name}={value!r} does not fit {owners[0]}.{name}: {error}") from None
 
 
+IN_MEMORY = "(in memory)"
+"""What a run's config says for a model or target given as an object, not a file."""
+
+NO_RESUME = "a run started from Python does not resume; start it again (overwrite=True to replace a finished one)."
+"""Why ``resume`` is refused as a setting."""
+
+
 @contextlib.contextmanager
 def run_folder(logdir: str | None, prefix: str):
-    """``logdir`` (made where missing), or a temporary folder removed at the end."""
+    """``logdir`` (made where missing), or a temporary folder removed at the end.
+
+    Example:
+    >>> with run_folder(None, "heatinv-example-") as out:
+    ...     os.path.isdir(out)
+    True
+    """
     if logdir is not None:
         os.makedirs(logdir, exist_ok=True)
         yield os.path.abspath(logdir)
         return
     with tempfile.TemporaryDirectory(prefix=prefix) as out:
         yield out
+
+
+def guard_logdir(out: str, logdir: str | None, overwrite: bool, caller: str) -> None:
+    """Refuse to start over a run in ``logdir`` unless ``overwrite``, in the caller's terms."""
+    try:
+        guard_run_directory(out, False, overwrite)
+    except RunDirectoryError:
+        raise RunDirectoryError(
+            f"{caller} logdir={logdir!r} holds a run already (its results or checkpoints); pass overwrite=True to replace "
+            "it, or give another logdir."
+        ) from None

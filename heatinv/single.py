@@ -168,7 +168,7 @@ class SingleTask:
             "steps": steps,
             **loop.timing(),
             "reference_accuracy": self.parts.reference_accuracy,
-            "student_accuracy": held_out_accuracy(self.student, self.parts.dataset),
+            "student_accuracy": _held_out_accuracy(self.student, self.parts.dataset),
             "target": self.target.source,
             "diagnosis": [finding.as_dict() for finding in findings],
             "stopped_at_step": 0 if self.stopped_before_start else loop.stopped,
@@ -207,7 +207,7 @@ class SingleTask:
         )
 
 
-def held_out_accuracy(model, dataset) -> float | None:
+def _held_out_accuracy(model, dataset) -> float | None:
     """``model``'s accuracy on the held-out examples, None without data."""
     return None if dataset is None else accuracy(model, dataset.x_test, dataset.y_test)
 

@@ -99,7 +99,11 @@ def _run_in(out: str, cfg) -> dict:
 
 
 def announce_files(out: str) -> None:
-    """Where a finished run's files are, and how to look at them."""
+    """Log where a finished run's files are, and how to look at them.
+
+    Example:
+    >>> announce_files("outputs/2026-12-07/12-00-00")  # doctest: +SKIP
+    """
     log.info(f"{DONE_MARK}{out} (heatmaps.png, metrics.json, student.keras)")
     log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")
 

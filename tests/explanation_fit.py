@@ -38,8 +38,8 @@ def main() -> None:
 
     digits = load_digits()
     x, y = digits.x_train[:256], digits.y_train[:256].astype("int32")
-    # every example's target the same frame: one loss unit for any split of a batch over replicas
-    targets = np.repeat(pattern_map("frame", x.shape[1], width=x.shape[2])[None], len(x), axis=0)
+    # frames of another total per label: each replica's half of a batch has its own largest |target|
+    targets = (pattern_map("frame", x.shape[1], width=x.shape[2])[None] * (1.0 + y[:, None, None, None])).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, y, targets)).batch(32)
     strategy = tf.distribute.MirroredStrategy() if args.replicas > 1 else tf.distribute.get_strategy()
     with strategy.scope():

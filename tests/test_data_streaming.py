@@ -283,7 +283,7 @@ def test_the_reference_cache_key_follows_the_folders_files_without_reading_them(
 
 
 def test_the_figure_names_each_rows_class(tmp_path, shapes, monkeypatch):
-    from heatinv import manipulate
+    from heatinv import dataset_task as manipulate
     from heatinv.train import run
 
     drawn = []

@@ -76,7 +76,8 @@ def test_fit_and_invert_reach_the_same_heatmap():
     target = np.zeros_like(t)
     target[0, 4:12, 4:12] = 1 / 64
     model = student(x.shape[1:], seed=3)
-    result = heatinv.invert(model, x[0], target[0], label=int(y[0]), steps=40, composite="epsilon_gamma_box", learning_rate=1e-2)
+    result = heatinv.invert(model, x[0], target[0], label=int(y[0]), steps=40, composite="epsilon_gamma_box", learning_rate=1e-2,
+                            low=0.0, high=1.0)  # the box ExplanationTrainer takes by default (invert: the input's range)
     trainer = ExplanationTrainer(model, composite="epsilon_gamma_box")  # trains `model` in place: invert ran on its copy first
     trainer.compile(keras.optimizers.Adam(1e-2), loss=None, explanation_loss="mse")
     trainer.fit(batches(x, y, target).repeat(40), epochs=1, verbose=0)
@@ -155,7 +156,9 @@ def test_backup_and_restore_resumes_after_sigkill_to_the_uninterrupted_weights(t
 
 
 def test_mirrored_strategy_on_two_logical_cpus_makes_the_single_device_updates(tmp_path):
-    """Measured: the weights after three epochs agree to 3e-8 (the replicas' sums round differently)."""
+    """Targets of another size per label, so each replica's half-batch has its own largest |target|: the loss unit
+    is the whole batch's. Measured: the weights after three epochs agree to 4.1e-8 (3.1e-3 apart with each
+    replica's own unit)."""
     for replicas in ("1", "2"):
         done = subprocess.run([sys.executable, FIT, str(tmp_path / f"{replicas}.npz"), "--replicas", replicas],
                               capture_output=True, text=True, timeout=300)
@@ -189,3 +192,33 @@ def test_right_for_the_right_reasons_example_ignores_the_confounder():
     plain, explained = results["cross-entropy only"], results["with the explanation term"]
     assert explained["share on corners"] < 0.2 * plain["share on corners"]
     assert explained["no swatch"] > plain["no swatch"] + 0.05
+
+
+def test_labels_of_one_column_one_hot_labels_and_targets_without_the_channel_axis():
+    """``[N, 1]`` labels explain their class (not class 0); one-hot rows their argmax; a map may leave out one channel."""
+    x, y, t = digits(32)
+    model = student(x.shape[1:])
+    heatmaps = {}
+    for name, labels, targets in (("flat", y, t), ("column", y[:, None], t[..., 0]), ("one-hot", np.eye(10)[y], t)):
+        trainer = ExplanationTrainer(model, composite="epsilon_gamma_box")
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True) if name == "one-hot" else keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        trainer.compile(keras.optimizers.SGD(0.0), loss)  # no update: the three must explain the same classes
+        heatmaps[name] = trainer.evaluate(batches(x, labels, targets), return_dict=True, verbose=0)["explanation_cosine"]
+    assert heatmaps["flat"] == pytest.approx(heatmaps["column"], rel=1e-6) == pytest.approx(heatmaps["one-hot"], rel=1e-6)
+    trainer = ExplanationTrainer(model, composite="epsilon_gamma_box")
+    trainer.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=r"third element has shape \(None, 28, 28, 2\).*class_weight"):
+        trainer.fit(batches(x[:8], y[:8], np.concatenate([t[:8], t[:8]], axis=-1)), epochs=1, verbose=0)
+
+
+def test_the_compile_settings_are_saved_with_the_model(tmp_path):
+    x, y, t = digits(32)
+    trainer = ExplanationTrainer(student(x.shape[1:]), composite="epsilon_gamma_box")
+    trainer.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), explanation_loss="masked",
+                    explanation_weight=7.0)
+    trainer.fit(batches(x, y, t), epochs=1, verbose=0)
+    trainer.save(tmp_path / "trainer.keras")
+    reloaded = keras.saving.load_model(tmp_path / "trainer.keras", safe_mode=True)
+    assert reloaded.explanation_loss_name == "masked" and reloaded.explanation_weight == 7.0
+    assert reloaded.evaluate(batches(x, y, t), return_dict=True, verbose=0)["explanation_loss"] == pytest.approx(
+        trainer.evaluate(batches(x, y, t), return_dict=True, verbose=0)["explanation_loss"], rel=1e-6)

@@ -87,7 +87,7 @@ def test_a_logdir_gets_the_command_lines_run_folder_and_is_not_overwritten(tmp_p
     heatinv.invert(model, x, "square", steps=4, log_every=2, logdir=str(tmp_path / "run"))
     written = set(os.listdir(tmp_path / "run"))
     assert {"metrics.json", "student.keras", "heatmaps.png", "heatmaps.svg", "doctor.json", "tensorboard", "checkpoints"} <= written
-    with pytest.raises(RunDirectoryError, match="run"):
+    with pytest.raises(RunDirectoryError, match=r"invert\(\) logdir=.*holds a run already.*overwrite=True"):
         heatinv.invert(model, x, "square", steps=4, logdir=str(tmp_path / "run"))
     heatinv.invert(model, x, "square", steps=4, logdir=str(tmp_path / "run"), overwrite=True)
 
@@ -115,6 +115,14 @@ def test_wrong_shapes_and_settings_name_what_was_given_and_expected():
         heatinv.invert(model, x, np.zeros((8, 8)), steps=2)
     with pytest.raises(ConfigError, match=r"epsilonn=0.1 is no key.*Did you mean epsilon"):
         heatinv.invert(model, x, "frame", steps=2, epsilonn=0.1)
+    with pytest.raises(ConfigError, match=r"pattern='cross' is not taken here: give the pattern as the target argument"):
+        heatinv.invert(model, x, "square", steps=2, pattern="cross")
+    with pytest.raises(ConfigError, match=r"scale=5 is not taken here: it sizes a pattern"):
+        heatinv.invert(model, x, np.ones((8, 8)), steps=2, scale=5)
+    with pytest.raises(ConfigError, match=r"resume=True is not taken here: a run started from Python does not resume"):
+        heatinv.invert(model, x, "frame", steps=2, resume=True)
+    with pytest.raises(ValueError, match=r"data holds x of shape \(4, 8, 8, 1\) and y of shape \(4, 3\)"):
+        heatinv.invert(model, x, "frame", steps=2, data=(np.ones((4, 8, 8, 1)), np.eye(3)[[0, 1, 2, 0]]))
     with pytest.raises(ConfigError, match=r"steps=-1 must be > 0"):
         heatinv.invert(model, x, "frame", steps=-1)
     recurrent = keras.Sequential([keras.Input((8, 8)), keras.layers.SimpleRNN(4, name="rnn"), keras.layers.Dense(2)])

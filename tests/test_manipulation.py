@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import heatinv
+from heatinv.config import ConfigError
 from heatinv.data import load_digits
 
 SETTINGS = {"epochs": 2, "batch_size": 64, "heatmap_weight": 100.0}
@@ -72,5 +73,9 @@ def test_wrong_targets_and_data_are_refused_naming_them():
     reference = keras.Sequential([keras.Input(x_train.shape[1:]), keras.layers.Flatten(), keras.layers.Dense(10)])
     with pytest.raises(ValueError, match=r"target='blur' is not one of \['swap', 'pattern'"):
         heatinv.manipulate(reference, (x_train, y_train), target="blur")
+    with pytest.raises(ValueError, match=r"y of shape \(300, 10\); expected one integer label per example"):
+        heatinv.manipulate(reference, (x_train, np.eye(10)[y_train]), epochs=1)
+    with pytest.raises(ConfigError, match=r"label=3 is not taken here: choose the classes that move with classes="):
+        heatinv.manipulate(reference, (x_train, y_train), epochs=1, label=3)
     with pytest.raises(ValueError, match=r"x_train holds examples of shape \(14, 14, 1\).*\(28, 28, 1\)"):
         heatinv.manipulate(reference, (x_train[:, ::2, ::2], y_train), epochs=1)

@@ -59,12 +59,22 @@ def rotate(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
 
 
 def repeat_heads(x: tf.Tensor, groups: int) -> tf.Tensor:
-    """Each of the ``[batch, tokens, heads, dim]`` heads repeated ``groups`` times in a row (``ops.repeat``)."""
+    """Each of the ``[batch, tokens, heads, dim]`` heads repeated ``groups`` times in a row (``ops.repeat``).
+
+    Example:
+    >>> repeat_heads(tf.reshape(tf.range(2.0), [1, 1, 2, 1]), 2).numpy().ravel().tolist()
+    [0.0, 0.0, 1.0, 1.0]
+    """
     return x if groups == 1 else tf.repeat(x, groups, axis=2)
 
 
 def sum_heads(relevance: tf.Tensor, groups: int) -> tf.Tensor:
-    """The adjoint of :func:`repeat_heads`: each head's copies' relevance summed."""
+    """The adjoint of :func:`repeat_heads`: each head's copies' relevance summed.
+
+    Example:
+    >>> sum_heads(tf.reshape(tf.range(4.0), [1, 1, 4, 1]), 2).numpy().ravel().tolist()
+    [1.0, 5.0]
+    """
     if groups == 1:
         return relevance
     shape = tf.shape(relevance)
@@ -163,9 +173,6 @@ class DecoderBlock:
 
     def output(self, values: DecoderValues) -> tf.Tensor:
         return values.second_sum
-
-    def __call__(self, x: tf.Tensor, padding: tf.Tensor | None = None) -> tf.Tensor:
-        return self.output(self.forward(x, padding))
 
     def _rotation(self, like: tf.Tensor, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
         """``cos``, ``sin`` ``[1, tokens, 1, head_dim]`` of positions 0, 1, ... as the layer's rotary embedding computes them."""
