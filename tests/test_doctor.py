@@ -1042,3 +1042,24 @@ def test_absorbed_relevance_over_a_batch_reports_the_largest_share_and_the_logit
     assert f"at most {shares.max():.3g} of it" in finding.message
     spread = np.ptp(logits, axis=0).max()  # the same class across the batch, not the classes of one input (9)
     assert spread < 1 and f"no logit varies by more than {spread:.3g}" in finding.message
+
+
+@pytest.mark.parametrize("composite", ["attnlrp", "cp_lrp"])
+def test_saturated_attention_is_named_with_its_rows_and_not_where_attention_is_spread(composite):
+    """A hidden case: the same text classifier with its query weights scaled by 100 saturates every row."""
+    from heatinv.transformers import text_classifier
+
+    keras.utils.set_random_seed(0)
+    model = text_classifier(6, 20, 2, dim=8, depth=1, heads=2)
+    ids = np.array([[3, 5, 7, 9, 2, 4], [4, 1, 8, 6, 0, 0]], "int32")
+    target = np.random.default_rng(0).normal(size=ids.shape).astype("float32")
+    spread = diagnose(model, ids, 1, HeatmapObjective(target, LRP(model, composite)))
+    assert "attention-saturated" not in [f.code for f in spread]
+    attention = next(layer for layer in model.layers if isinstance(layer, keras.layers.MultiHeadAttention))
+    attention.query_dense.kernel.assign(attention.query_dense.kernel * 100.0)
+    findings = [f for f in diagnose(model, ids, 1, HeatmapObjective(target, LRP(model, composite))) if f.code == "attention-saturated"]
+    assert len(findings) == 1 and findings[0].layer == attention.name
+    rows = re.search(r"(\d+) of (\d+) attention rows", findings[0].message)
+    assert int(rows.group(2)) == 2 * 2 * 6 - 2 * 2  # two heads, six query tokens, two padded rows (the pads) masked
+    assert int(rows.group(1)) >= int(rows.group(2)) / 2
+    assert ("Under cp_lrp" in findings[0].message) == (composite == "cp_lrp")

@@ -21,8 +21,9 @@ import tensorflow as tf  # noqa: E402
 from heatinv.doctor import checks
 from heatinv.doctor.findings import CODES, Finding, format_report
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, SaliencyObjective
-from heatinv.lrp import model_input
+from heatinv.lrp import model_input, reads_tokens
 from heatinv.lrp.canonical import canonize
+
 
 __all__ = [
     "CODES",
@@ -63,14 +64,15 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
             return findings
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}.")
-    model_input(tf.cast(x, tf.float32), model)  # the shape; an integer input was named above or is cast
+    steps = canonize(model)
+    tokens = reads_tokens(steps)
+    model_input(x if tokens else tf.cast(x, tf.float32), model, tokens=tokens)  # the shape; an integer image was named above or is cast
     explainer = getattr(objective, "explainer", None)
     if explainer is not None and explainer.model is not model:
         raise ValueError(
             f"The objective's explainer is bound to model {explainer.model.name!r}, not to the diagnosed model "
             f"{model.name!r}: its heatmap would not depend on this model's weights. Build it with LRP(model)."
         )
-    steps = canonize(model)
     probe = objective.probe(model, x, label, tf.as_dtype(precision))
     blank = checks.blank_input(objective, probe)
     if blank:  # the one cause: the rest it sets off (z = 0, units without input) would mislead
@@ -85,6 +87,7 @@ def diagnose(model: keras.Model, x, label, objective, precision: str = "float32"
         + checks.softmax_saturated(objective, steps, probe, label)
         + checks.piecewise_linear(objective, steps, probe)
         + checks.absorbed_relevance(probe, objective, steps)
+        + checks.attention_saturated(objective, steps, probe)
     )
     if checks.all_zero(probe):  # a fading forward pass is the cause an underflow below would show
         findings += checks.vanished_signal(steps, probe)

@@ -14,7 +14,10 @@ import tensorflow as tf
 from heatinv.doctor.findings import Finding
 from heatinv.doctor.objectives import ExplanationObjective, HeatmapObjective, Probe, SaliencyObjective, ends_in_softmax
 from heatinv.lrp import target_mask
+from heatinv.lrp.attention import Attention
 from heatinv.lrp.canonical import Elementwise, Linear, Pool
+from heatinv.lrp.keras_hub import EncoderBlock
+from heatinv.lrp.llama import DecoderBlock
 
 DEAD_UNITS_FRACTION = 0.9
 """A layer is reported when at least this share of its units is inactive for the whole batch."""
@@ -25,6 +28,12 @@ KERAS_PROBABILITY_CLIP = 1e-7
 FAR_BELOW_ZERO = -0.5
 """Dead units whose largest ReLU input is below this are past reviving with a smooth activation: softplus
 with beta 10 has a slope below sigmoid(-5) = 0.0067 there, and 2e-9 at -2."""
+
+SATURATED_ATTENTION = 0.999
+"""An attention row is saturated where one token gets at least this share of its weight."""
+
+SATURATED_ROWS = 0.5
+"""A layer's attention is reported where at least this share of its (unmasked) rows is saturated."""
 
 VANISHED_SIGNAL_RATIO = 1e-6
 """A forward signal has vanished where a layer's mean |z| is below this share of the first layer's."""
@@ -747,6 +756,58 @@ def absorbed_relevance(probe: Probe, objective=None, steps=()) -> list[Finding]:
             "with training=True and each BatchNorm's momentum 0); with a large lrp.epsilon, lower it.",
         )
     ]
+
+
+def attention_saturated(objective, steps, probe: Probe) -> list[Finding]:
+    """Attention rows that put all but :data:`SATURATED_ATTENTION` of their weight on one token.
+
+    Through such a row the softmax's derivative ``A (1 - A)`` is about 0, so the heatmap's
+    gradient reaches the query and key weights only through the other rows; under ``cp_lrp``
+    (``A`` held constant) the row hands no relevance to the other tokens either. Reported per
+    layer where at least :data:`SATURATED_ROWS` of the rows are saturated.
+    """
+    findings = []
+    composite = getattr(getattr(objective, "explainer", None), "composite", None)
+    constant = composite is not None and composite.attention == "cp"
+    for name, weights, mask in _attention_weights(steps, probe.fwd):
+        weights = weights.numpy().astype(np.float64)
+        rows = np.ones(weights.shape[:-1], bool) if mask is None else np.broadcast_to(mask.numpy(), weights.shape).any(axis=-1)
+        peak = weights.max(axis=-1)
+        saturated = (peak >= SATURATED_ATTENTION) & rows
+        if rows.sum() == 0 or saturated.sum() < SATURATED_ROWS * rows.sum():
+            continue
+        # the softmax's Jacobian dA_i/dS_j = A_i (delta_ij - A_j): no entry of a row above peak (1 - peak)
+        derivative = float(np.max(peak[saturated] * (1.0 - peak[saturated])))
+        relevance = (
+            " Under cp_lrp the attention weights are held constant, so each of those rows hands all its relevance to one "
+            "token and none to the others." if constant else ""
+        )
+        findings.append(
+            Finding(
+                "attention-saturated",
+                name,
+                f"{int(saturated.sum())} of {int(rows.sum())} attention rows (query tokens x heads x batch) put at least "
+                f"{SATURATED_ATTENTION:g} of their weight on one token (the smallest such peak {float(peak[saturated].min()):.6f}). "
+                f"The softmax's derivative there is at most {_fmt(derivative)} (A (1 - A)), so the heatmap's gradient barely "
+                f"reaches the query and key weights through those rows.{relevance}",
+                "Bring the attention scores closer together: smaller query and key weights (an initializer or L2 on "
+                "them), a LayerNormalization before the attention, fewer training epochs of the reference; with "
+                "cp_lrp, explain with lrp.composite=attnlrp, which passes relevance through the softmax.",
+            )
+        )
+    return findings
+
+
+def _attention_weights(steps, fwd):
+    """``(layer name, A [batch, heads, queries, keys], where attention is allowed or None)`` of each attention."""
+    for i, step in enumerate(steps):
+        kept = fwd.kept.get(i)
+        if isinstance(step, Attention):
+            yield step.name, kept.weights, kept.mask
+        elif isinstance(step, EncoderBlock):
+            yield step.attention.name, kept.attention.weights, kept.attention.mask
+        elif isinstance(step, DecoderBlock):
+            yield step.attention.name, kept.weights, kept.mask
 
 
 def _layers_with_rule(objective, steps, name: str) -> list[str]:

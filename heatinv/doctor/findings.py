@@ -19,6 +19,7 @@ CODES = {
     "piecewise-linear": "the input-derivative of a ReLU network's gradient explanation is zero",
     "vanished-signal": "the forward pass fades out (each layer's z a fraction of the last), so every gradient rounds to zero",
     "absorbed-relevance": "the heatmap keeps almost none of the explained score (biases absorbed it), so its gradients are about 0",
+    "attention-saturated": "attention rows put almost all their weight on one token: the softmax passes the query and key weights almost no gradient, and (cp_lrp) the other tokens no relevance",
     "all-zero": "every gradient is exactly zero and none of the causes above was found",
 }
 """Every code the doctor can report, with one line on what it means."""

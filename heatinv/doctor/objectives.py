@@ -59,8 +59,8 @@ class HeatmapObjective:
     wrt = "weights"
 
     def probe(self, model: keras.Model, x, label, dtype: tf.DType) -> Probe:
-        x = tf.cast(x, dtype)
         explainer = self.explainer
+        x = x if explainer.tokens else tf.cast(x, dtype)  # token ids stay integers
         if any(tf.as_dtype(v.dtype) != dtype for v in model.trainable_variables):
             # Differentiated through a cast, a variable's gradient is rounded to its own dtype: a
             # float64 probe needs float64 variables, a float32 probe of a float16 model float32 ones.
@@ -74,7 +74,8 @@ class HeatmapObjective:
             explanation = explainer.explain(x, label)
             _check_broadcasts(np.shape(self.target), tuple(explanation.relevance.shape))
             loss = loss_fn(explanation.relevance, tf.cast(self.target, dtype))
-        gradients = tape.gradient(loss, variables)
+        # an Embedding's gradient comes as IndexedSlices: dense, as the checks read every gradient
+        gradients = [None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
         names = [variable_tag(v) for v in variables]
         fwd = forward(explainer.steps, x)
         return Probe(float(loss), _gradients_by_name(names, gradients), fwd, explanation.relevance, dtype, explanation.start)
