@@ -181,3 +181,38 @@ def hub_llama(dtype: str = "float64", seed: int = 2, *, tied: bool = False, key_
             weight.assign((1.0 + rng.normal(0.0, 0.25, weight.shape)).astype(weight.dtype))
     return lm
 
+
+def assert_eager_function_and_xla_agree(model: keras.Model, explainer, x, targets) -> None:
+    """The heatmap of ``x`` and the weight gradients of its squared sum: eager = ``tf.function`` (1e-12) = XLA (1e-10).
+
+    One scale for the heatmap, one for all gradients: some gradients are rounding noise around
+    an exact 0 (a key bias shifts every score of a query alike, which the softmax ignores).
+    """
+    import tensorflow as tf
+
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            R = explainer(inputs, targets)
+            loss = tf.reduce_sum(R**2)
+        return [R, *(tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables))]
+
+    eager = step(x)
+    graph = tf.function(step)(tf.constant(x))
+    xla = tf.function(step, jit_compile=True)(tf.constant(x))
+    scales = [np.abs(eager[0].numpy()).max()] + [max(np.abs(g.numpy()).max() for g in eager[1:])] * (len(eager) - 1)
+    for a, b, c, scale in zip(eager, graph, xla, scales):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-12 * scale)
+        np.testing.assert_allclose(c.numpy(), a.numpy(), rtol=0, atol=1e-10 * scale)
+
+
+def central_difference(variable, index: int, loss, step: float = 1e-6) -> float:
+    """``(loss(w + h e) - loss(w - h e)) / 2h`` for entry ``index`` of the flattened ``variable``; the variable restored."""
+    original = variable.numpy()
+    values = []
+    for shift in (step, -step):
+        shifted = original.copy().reshape(-1)
+        shifted[index] += shift
+        variable.assign(shifted.reshape(original.shape))
+        values.append(float(loss()))
+    variable.assign(original)
+    return (values[0] - values[1]) / (2 * step)

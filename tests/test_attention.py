@@ -272,15 +272,7 @@ def test_weight_gradients_equal_finite_differences(name, composite):
         assert gradient is not None, variable.path
         flat = np.asarray(gradient).reshape(-1)
         for index in rng.choice(flat.size, size=min(2, flat.size), replace=False):
-            original = variable.numpy()
-            values = []
-            for step in (1e-6, -1e-6):
-                shifted = original.copy().reshape(-1)
-                shifted[index] += step
-                variable.assign(shifted.reshape(original.shape))
-                values.append(float(heatmap_loss(model, x, composite, probe)))
-            variable.assign(original)
-            numeric = (values[0] - values[1]) / 2e-6
+            numeric = models.central_difference(variable, index, lambda: heatmap_loss(model, x, composite, probe))
             assert flat[index] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (variable.path, index)
             checked += 1
     gammas = [g for v, g in zip(model.trainable_variables, gradients) if v.path.endswith("gamma")]
@@ -308,23 +300,7 @@ def test_input_gradient_equals_finite_differences(composite):
 @pytest.mark.parametrize("composite", ["attnlrp", "cp_lrp"])
 def test_eager_function_and_xla_agree(composite):
     model, x = case("text_causal_last_silu")
-    explainer = LRP(model, composite)
-
-    def step(ids):
-        with tf.GradientTape() as tape:
-            R = explainer(ids, [0, 1])
-            loss = tf.reduce_sum(R**2)
-        return [R, *(tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables))]
-
-    eager = step(x)
-    graph = tf.function(step)(tf.constant(x))
-    xla = tf.function(step, jit_compile=True)(tf.constant(x))
-    # One scale for the heatmap, one for all gradients: some are rounding noise around an exact 0
-    # (the key bias shifts every score of a query alike, which the softmax ignores).
-    scales = [np.abs(eager[0].numpy()).max()] + [max(np.abs(g.numpy()).max() for g in eager[1:])] * (len(eager) - 1)
-    for a, b, c, scale in zip(eager, graph, xla, scales):
-        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-12 * scale)
-        np.testing.assert_allclose(c.numpy(), a.numpy(), rtol=0, atol=1e-10 * scale)
+    models.assert_eager_function_and_xla_agree(model, LRP(model, composite), x, [0, 1])
 
 
 # --- conservation -------------------------------------------------------------------------

@@ -138,15 +138,8 @@ def test_weight_gradients_equal_finite_differences(composite):
     for variable, gradient in zip(model.trainable_variables, gradients):
         flat = np.asarray(gradient).reshape(-1)
         for index in rng.choice(np.flatnonzero(flat) if variable.path.endswith("embeddings") else flat.size, 2, replace=False):
-            original = variable.numpy()
-            values = []
-            for step in (1e-6, -1e-6):
-                shifted = original.copy().reshape(-1)
-                shifted[index] += step
-                variable.assign(shifted.reshape(original.shape))
-                values.append(float(loss()))
-            variable.assign(original)
-            assert flat[index] == pytest.approx((values[0] - values[1]) / 2e-6, rel=1e-5, abs=1e-8), (variable.path, index)
+            numeric = models.central_difference(variable, index, loss)
+            assert flat[index] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (variable.path, index)
     scales = [g for v, g in zip(model.trainable_variables, gradients) if v.path.endswith("scale")]
     assert len(scales) == 5 and all(np.abs(np.asarray(g)).max() > 0 for g in scales)  # sigma is constant only in the rule
 
@@ -154,21 +147,7 @@ def test_weight_gradients_equal_finite_differences(composite):
 @pytest.mark.parametrize("composite", ["attnlrp", "cp_lrp"])
 def test_eager_function_and_xla_agree(composite):
     _, model = language_model("grouped")
-    explainer = LRP(model, composite)
-
-    def step(ids):
-        with tf.GradientTape() as tape:
-            R = explainer(ids, TARGETS)
-            loss = tf.reduce_sum(R**2)
-        return [R, *(tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables))]
-
-    eager = step(IDS)
-    graph = tf.function(step)(tf.constant(IDS))
-    xla = tf.function(step, jit_compile=True)(tf.constant(IDS))
-    scales = [np.abs(eager[0].numpy()).max()] + [max(np.abs(g.numpy()).max() for g in eager[1:])] * (len(eager) - 1)
-    for a, b, c, scale in zip(eager, graph, xla, scales):
-        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-12 * scale)
-        np.testing.assert_allclose(c.numpy(), a.numpy(), rtol=0, atol=1e-10 * scale)
+    models.assert_eager_function_and_xla_agree(model, LRP(model, composite), IDS, TARGETS)
 
 
 # --- refusals -----------------------------------------------------------------------------

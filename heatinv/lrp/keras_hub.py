@@ -279,13 +279,20 @@ def token_model(model: keras.Model, padding_id: int = 0) -> keras.Model:
     unknown = sorted(set(structure) - {"token_ids", "padding_mask", "segment_ids"})
     if unknown:
         raise ValueError(f"token_model fills 'padding_mask' and 'segment_ids' from the ids; model {model.name!r} also takes {unknown}.")
+    ids, given = _inputs_of_ids(structure, padding_id)
+    return keras.Model(ids, model(given), name=f"{model.name}_of_token_ids")
+
+
+def _inputs_of_ids(structure: dict, padding_id: int) -> tuple:
+    """``(ids, inputs)``: an input of token ids and the dict a keras-hub model takes, its padding
+    mask (``ids != padding_id``) and segment ids (one segment) computed from the ids."""
     ids = keras.Input((None,), dtype=structure["token_ids"].dtype, name="token_ids")
     given = {"token_ids": ids}
     if "padding_mask" in structure:
         given["padding_mask"] = keras.ops.cast(keras.ops.not_equal(ids, padding_id), structure["padding_mask"].dtype)
     if "segment_ids" in structure:
         given["segment_ids"] = keras.ops.zeros_like(ids, dtype=structure["segment_ids"].dtype)
-    return keras.Model(ids, model(given), name=f"{model.name}_of_token_ids")
+    return ids, given
 
 
 def next_token_model(causal_lm: keras.Model, padding_id: int = 0) -> keras.Model:
@@ -313,7 +320,8 @@ def next_token_model(causal_lm: keras.Model, padding_id: int = 0) -> keras.Model
     backbone = getattr(causal_lm, "backbone", causal_lm)
     structure = getattr(backbone, "input", None) if isinstance(backbone, keras.Model) else None
     embedding = getattr(backbone, "token_embedding", None)
-    if not isinstance(structure, dict) or "token_ids" not in structure or not hasattr(embedding, "reverse_embeddings") and not getattr(embedding, "tie_weights", False):
+    reversible = getattr(keras.layers, "ReversibleEmbedding", None)
+    if not isinstance(structure, dict) or "token_ids" not in structure or reversible is None or not isinstance(embedding, reversible):
         raise ValueError(
             f"next_token_model takes a keras-hub causal LM (or its backbone) whose backbone takes a dict with 'token_ids' "
             f"and computes logits with its ReversibleEmbedding 'token_embedding'; got {type(causal_lm).__name__} "
@@ -322,10 +330,7 @@ def next_token_model(causal_lm: keras.Model, padding_id: int = 0) -> keras.Model
     unknown = sorted(set(structure) - {"token_ids", "padding_mask"})
     if unknown:
         raise ValueError(f"next_token_model fills 'padding_mask' from the ids; the backbone of {causal_lm.name!r} also takes {unknown}.")
-    ids = keras.Input((None,), dtype=structure["token_ids"].dtype, name="token_ids")
-    given = {"token_ids": ids}
-    if "padding_mask" in structure:
-        given["padding_mask"] = keras.ops.cast(keras.ops.not_equal(ids, padding_id), structure["padding_mask"].dtype)
+    ids, given = _inputs_of_ids(structure, padding_id)
     hidden = backbone(given)
     logits = embedding(hidden[:, -1, :], reverse=True)
     return keras.Model(ids, logits, name=f"{causal_lm.name}_next_token")
