@@ -34,6 +34,7 @@ from heatinv.models import (
     load_model_file,
     reference_model,
     smoothed,
+    vocabulary_size,
     with_dtype,
     with_input_shape,
 )
@@ -84,7 +85,7 @@ def build_parts(cfg) -> Parts:
     d = cfg.data
     dataset = load_dataset(
         d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed,
-        color_mode=d.color_mode,
+        color_mode=d.color_mode, text_column=d.text_column, max_tokens=d.max_tokens, length=d.length,
     )
     log.info(
         f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
@@ -107,7 +108,10 @@ def build_parts(cfg) -> Parts:
         )
         if cfg.model.weights:
             _warn_if_no_better_than_guessing(reference_acc, dataset, f"model.weights={cfg.model.weights}")
-        student = build_model(architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape)
+        student = build_model(
+            architecture(cfg), dataset.num_classes, seed=cfg.trainer.seed, input_shape=dataset.input_shape,
+            vocabulary=vocabulary_size(dataset),
+        )
     if cfg.init.kind == "reference":
         student.set_weights(reference.get_weights())
     if cfg.trainer.precision == "float64":
@@ -147,6 +151,8 @@ def default_box_to_data_range(cfg, dataset: Dataset) -> None:
     """
     from omegaconf import open_dict
 
+    if dataset.is_text:  # token ids have no box: the zbox rule does not apply to them
+        return
     for key, value in (("low", dataset.low), ("high", dataset.high)):
         if cfg.lrp[key] is None:
             plain = float(value) if np.ndim(value) == 0 else [round(float(v), 6) for v in np.ravel(value)]

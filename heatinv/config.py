@@ -32,12 +32,15 @@ from heatinv.models import APPLICATIONS  # noqa: E402
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | mnist | npz | folder | csv | breast_cancer | wine (data=tabular)
+    name: str = "digits"  # digits | mnist | npz | folder | csv | text | breast_cancer | wine (data=tabular)
     path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz); the file or folder of npz, folder, csv
     image_size: list[int] = field(default_factory=lambda: [32, 32])  # folder: every image resized to [height, width]
     test_split: float = 0.2  # folder: the held-out fraction (seeded split)
     color_mode: str = "rgb"  # folder: rgb (3 channels) | grayscale (1), as keras.utils.image_dataset_from_directory
-    label_column: Optional[str] = None  # csv: the header of the label column
+    label_column: Optional[str] = None  # csv, text: the header of the label column (text: default "label")
+    text_column: str = "text"  # text: the header of the text column
+    max_tokens: int = 2000  # text: the vocabulary's size (padding and [UNK] included)
+    length: int = 32  # text: token ids per example (padded with 0 or cut)
 
 
 @dataclass
@@ -162,7 +165,7 @@ class TrainConfig:
 
 CHOICES = {
     "data.name": DATASET_NAMES[:-2] + TABULAR_NAMES + ("csv",),
-    "model.name": ("mlp", "cnn", "vit", "file") + tuple(APPLICATIONS),
+    "model.name": ("mlp", "cnn", "vit", "transformer", "file") + tuple(APPLICATIONS),
     "model.activation": ("relu", "softplus"),
     "model.pool": ("max", "avg", "strided"),
     "data.color_mode": tuple(COLOR_MODES),
@@ -252,7 +255,11 @@ READ_ONLY_WHEN = (
     ReadOnlyWhen(("optimizer.momentum",), lambda c: c.optimizer.name == "sgd", "optimizer=sgd", ("optimizer.name",)),
     ReadOnlyWhen(("model.hidden",), lambda c: c.model.name == "mlp", "model=mlp", ("model.name",)),
     ReadOnlyWhen(("model.filters", "model.pool"), lambda c: c.model.name == "cnn", "model=cnn", ("model.name",)),
-    ReadOnlyWhen(("model.patch", "model.dim", "model.depth", "model.heads"), lambda c: c.model.name == "vit", "model=vit", ("model.name",)),
+    ReadOnlyWhen(("model.patch",), lambda c: c.model.name == "vit", "model=vit", ("model.name",)),
+    ReadOnlyWhen(
+        ("model.dim", "model.depth", "model.heads"), lambda c: c.model.name in ("vit", "transformer"), "model=vit and model=transformer",
+        ("model.name",),
+    ),
     ReadOnlyWhen(
         ("model.output_activation", "model.l2"), lambda c: c.model.name in ("mlp", "cnn"),
         "model=mlp and model=cnn (an application ends in linear logits; a model file is used as saved)", ("model.name",),
@@ -298,8 +305,10 @@ READ_ONLY_WHEN = (
         ("task.min_agreement", "task.max_accuracy_drop"), lambda c: c.task.kind == "dataset" and c.task.early_stopping,
         "task=dataset with task.early_stopping=true", ("task.kind", "task.early_stopping"),
     ),
-    ReadOnlyWhen(("data.image_size", "data.test_split", "data.color_mode"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
-    ReadOnlyWhen(("data.label_column",), lambda c: c.data.name == "csv", "data=csv", ("data.name",)),
+    ReadOnlyWhen(("data.image_size", "data.color_mode"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
+    ReadOnlyWhen(("data.test_split",), lambda c: c.data.name in ("folder", "text"), "data=folder and data=text", ("data.name",)),
+    ReadOnlyWhen(("data.label_column",), lambda c: c.data.name in ("csv", "text"), "data=csv and data=text", ("data.name",)),
+    ReadOnlyWhen(("data.text_column", "data.max_tokens", "data.length"), lambda c: c.data.name == "text", "data=text", ("data.name",)),
     ReadOnlyWhen(
         ("lrp.epsilon",), lambda c: c.lrp.composite in _composites_with("epsilon"),
         f"the composites with an epsilon rule (lrp={', '.join(_composites_with('epsilon'))})", ("lrp.composite",),
@@ -458,7 +467,7 @@ def validate(cfg) -> None:
         "model=<mlp, cnn or an application> model.weights={}",
     )
     _check_read(
-        cfg, "data.path", data.name in ("npz", "folder", "csv", "mnist"), f"data {data.name!r} is bundled",
+        cfg, "data.path", data.name in ("npz", "folder", "csv", "text", "mnist"), f"data {data.name!r} is bundled",
         "data=npz (or folder, csv, mnist) data.path={}",
     )
     pattern_file = target.kind == "pattern" and target.pattern == "file"

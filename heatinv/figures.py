@@ -265,6 +265,53 @@ def _caption(scores: Mapping[str, float] | None) -> str:
     return "   ".join(parts)
 
 
+def token_figure(words: Sequence[str], maps: Mapping[str, np.ndarray], title: str | None = None, width: int = 72) -> Figure:
+    """A text's words, one row per map (e.g. target, initial, student), each word's box coloured by its relevance.
+
+    LXT's and Captum's convention: red for positive, blue for negative relevance, white for
+    none, on one symmetric scale shared by the rows; padding (``<pad>``) is left out.
+
+    Args:
+        words: one word per token.
+        maps: ``{label: [tokens] relevance}``.
+        title: the figure's title.
+        width: characters per line (the words are set in a monospaced font).
+
+    Example:
+    >>> fig = token_figure(["a", "good", "film"], {"target": np.array([0.0, 1.0, 0.0]), "student": np.array([0.1, 0.8, -0.1])})
+    >>> len(fig.axes)
+    1
+    """
+    import matplotlib
+
+    kept = [i for i, word in enumerate(words) if word != "<pad>"]
+    values = {label: np.asarray(v, np.float64).reshape(-1) for label, v in maps.items()}
+    peak = max(float(np.max(np.abs(v[kept]))) for v in values.values()) if kept else 0.0
+    colours = matplotlib.colormaps[COLORMAP]
+    placed, column, line = [], 0, 1  # (token, column, line) in characters and lines of one row
+    for i in kept:
+        if column and column + len(words[i]) > width:
+            column, line = 0, line + 1
+        placed.append((i, column, line))
+        column += len(words[i]) + 2
+    lines = line + 1  # the label's line and the text's
+    fig = Figure(figsize=(0.11 * width + 0.5, 0.3 * lines * len(values) + 0.7))
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    for row, (label, v) in enumerate(values.items()):
+        top = -row * lines
+        ax.text(0, top, label, fontsize=9, fontweight="bold", va="center")
+        for i, column, line in placed:
+            shade = 0.5 + 0.5 * v[i] / peak if peak > 0 else 0.5
+            ax.text(column + 1, top - line, words[i], fontsize=9, family="monospace", va="center",
+                    bbox={"facecolor": colours(shade), "edgecolor": "none", "pad": 1.5})
+    ax.set_xlim(0, width + 2)
+    ax.set_ylim(-lines * len(values), 0.6)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
 def feature_figure(
     feature_names: Sequence[str], maps: Mapping[str, np.ndarray], title: str | None = None, top: int = 15
 ) -> Figure:

@@ -29,7 +29,7 @@ from heatinv.data import Dataset, image_key, reading
 from heatinv.layers import SoftplusBeta
 from heatinv.precise_batch_norm import batch_norm_layers, set_population_statistics
 from heatinv.progress import FitProgress
-from heatinv.transformers import vit
+from heatinv.transformers import text_classifier, vit
 from heatinv.startup import dropping_known_notices
 from heatinv.wording import count
 
@@ -73,7 +73,8 @@ class Architecture:
 
 
 def build_model(
-    arch: Architecture, num_classes: int = 10, seed: int | None = None, input_shape: tuple[int, ...] = INPUT_SHAPE
+    arch: Architecture, num_classes: int = 10, seed: int | None = None, input_shape: tuple[int, ...] = INPUT_SHAPE,
+    vocabulary: int | None = None,
 ) -> keras.Model:
     """A fresh, untrained model taking ``[batch, *input_shape]`` inputs and scoring ``num_classes`` classes.
 
@@ -81,6 +82,9 @@ def build_model(
     ``cnn``: Conv 3x3 -> Pool 2 -> Conv 3x3 -> Pool 2 -> Flatten -> Dense(classes), the pooling
     max (``pool="max"``) or average (``pool="avg"``); ``pool="strided"`` drops the pooling
     and steps each convolution by 2 instead.
+    ``transformer``: an encoder of ``vocabulary`` token ids ``[length]`` (:func:`heatinv.transformers.text_classifier`:
+    embedding with padding masked, learned positions, ``depth`` pre-norm blocks, the mean token);
+    the only model of token ids.
     ``vit``: a Vision Transformer (:func:`heatinv.transformers.vit`: patches embedded by a
     strided Conv2D, learned positions, ``depth`` pre-norm blocks of ``heads`` heads, the mean
     token, linear logits).
@@ -98,6 +102,14 @@ def build_model(
     if arch.name in APPLICATIONS:
         model = build_application(arch.name, input_shape, num_classes)
         return smoothed(model, arch.beta) if arch.activation == "softplus" else model
+    if (arch.name == "transformer") != (vocabulary is not None):
+        raise ValueError(
+            "model=transformer reads token ids, which data=text gives (data.path=<texts>.csv); the other models read "
+            f"images or feature vectors. Got model={arch.name} for {'token ids' if vocabulary else f'inputs of shape {input_shape}'}: "
+            f"{'use model=transformer' if vocabulary else 'use data=text with model=transformer, or another model'}."
+        )
+    if arch.name == "transformer":
+        return text_classifier(input_shape[0], vocabulary, num_classes, dim=arch.dim, depth=arch.depth, heads=arch.heads)
     if arch.name == "vit":
         if len(input_shape) != 3:
             raise ValueError(f"model=vit needs images [H, W, C]; the data gives feature vectors of shape {input_shape}. Use model=mlp.")
@@ -154,10 +166,15 @@ def build_model(
 VIT_FIELDS = ("patch", "dim", "depth", "heads")
 
 
+def vocabulary_size(dataset: Dataset) -> int | None:
+    """The number of token ids of a text data set (padding and ``[UNK]`` included), None for other data."""
+    return len(dataset.vocabulary) if dataset.is_text else None
+
+
 def architecture_key(arch: Architecture) -> dict:
     """What names the architecture in a cache key: its fields, the vit's own only for a vit (other keys stay as they were)."""
     fields = asdict(arch)
-    return fields if arch.name == "vit" else {k: v for k, v in fields.items() if k not in VIT_FIELDS}
+    return fields if arch.name in ("vit", "transformer") else {k: v for k, v in fields.items() if k not in VIT_FIELDS}
 
 
 def vit_patch(input_shape: tuple[int, ...], most_tokens: int = 64) -> int:
@@ -434,7 +451,7 @@ def reference_model(
     >>> model, acc = reference_model(Architecture("cnn"), load_dataset("digits"), 100, "cache")  # doctest: +SKIP
     """
     if weights is not None:
-        model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape)
+        model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape, vocabulary=vocabulary_size(dataset))
         load_weights_file(model, weights, arch.name)
         return model, accuracy(model, dataset.x_test, dataset.y_test)
     key = {"data": dataset.name, "fingerprint": fingerprint(dataset), "arch": architecture_key(arch), "epochs": epochs, "seed": seed,
@@ -508,7 +525,7 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
     tf.config.experimental.enable_op_determinism()
     try:
         keras.utils.set_random_seed(seed)  # Python, NumPy and TensorFlow: initial weights and batch order
-        model = build_model(arch, dataset.num_classes, input_shape=dataset.input_shape)
+        model = build_model(arch, dataset.num_classes, input_shape=dataset.input_shape, vocabulary=vocabulary_size(dataset))
         from_logits = arch.output_activation != "softmax"
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),

@@ -16,6 +16,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.atomic import write_json
+from heatinv.data.text import words
 from heatinv.build import Parts, explainer_for, single_target
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.loop import Call, LoopResult
@@ -23,7 +24,7 @@ from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp.reach import best_cosine, input_proportional_rule
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
-from heatinv.figures import feature_figure, heatmap_figure
+from heatinv.figures import feature_figure, heatmap_figure, token_figure
 from heatinv.similarity import cosine_numpy, similarity_numpy
 from heatinv.step import compile_step, mode_for, optimizer_from, schedule
 from heatinv.summaries import Summaries
@@ -59,7 +60,7 @@ class SingleTask:
         self.student = parts.student
         self.explainer = explainer_for(self.student, cfg)
         dtype = tf.float64 if cfg.trainer.precision == "float64" else tf.float32
-        self.x = tf.constant(self.target.image, dtype)
+        self.x = tf.constant(self.target.image, tf.int32 if self.explainer.tokens else dtype)
         self.label = tf.constant([self.target.label], tf.int32)
         self.target_map = tf.constant(self.target.heatmap, dtype)
         self.optimizer = optimizer_from(cfg.optimizer)
@@ -105,8 +106,15 @@ class SingleTask:
             log.warning(out_of_reach(self.cfg.lrp.composite, rule, reach))
 
     @property
+    def _is_text(self) -> bool:
+        return self.parts.dataset is not None and self.parts.dataset.is_text
+
+    @property
     def feature_names(self) -> tuple[str, ...]:
+        """A table's features, or a text's words (``<pad>`` for padding), for the bars of each entry's relevance."""
         dataset = self.parts.dataset
+        if dataset is not None and dataset.is_text:
+            return tuple(words(self.target.image[0], dataset.vocabulary))
         return dataset.feature_names if dataset is not None else tuple(f"x{i}" for i in range(self.target.image.shape[-1]))
 
     def diagnose(self) -> list:
@@ -121,7 +129,7 @@ class SingleTask:
             summaries.heatmaps_once(self.target.image[0], self.target.heatmap[0], self.initial[0])
         else:  # a table: its relevance per feature as bars, the student's added by finish()
             maps = {"target": self.target.heatmap[0], "initial": self.initial[0]}
-            figure = feature_figure(self.feature_names, maps, f"target: {self.target.source}")
+            figure = (token_figure if self._is_text else feature_figure)(self.feature_names, maps, f"target: {self.target.source}")
             summaries.figure(0, figure, "heatmap/figure_initial")
 
     def calls(self, start: int) -> Iterator[Call]:
@@ -181,9 +189,10 @@ class SingleTask:
         if metrics["stopped_at_step"] is not None:  # the figure alone must not pass for a run that went its course
             codes = ", ".join(dict.fromkeys(finding.code for finding in findings)) or "no finding"
             title += f"\nstopped at step {metrics['stopped_at_step']} of {self.cfg.trainer.steps}: {codes} (doctor.json)"
-        if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature
+        if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature; a text: its words coloured
             maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
-            self.figure = feature_figure(self.feature_names, maps, title)
+            drawn = token_figure if self._is_text else feature_figure
+            self.figure = drawn(self.feature_names, maps, title)
         else:
             summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
             self.figure = heatmap_figure(

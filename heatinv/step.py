@@ -96,8 +96,9 @@ def update(
         terms = dict(objective(explanation, label, target, *extra))
         loss = terms.pop("loss")
     gradients = tape.gradient(loss, variables)
-    # An unconnected variable (None) is reported as an all-zero gradient for the doctor.
-    gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
+    # An unconnected variable (None) is reported as an all-zero gradient for the doctor; an
+    # Embedding's (IndexedSlices of the rows looked up) is made dense, as the summaries read every entry.
+    gradients = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(gradients, variables)]
     if guard:
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients] + [tf.math.is_finite(loss)]))
         # A NaN/Inf step leaves the weights and the optimizer's state untouched.

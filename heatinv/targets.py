@@ -224,4 +224,5 @@ def build_target(
             f"The target heatmap ({source}) is all zeros: there is nothing to match, and every gradient "
             f"would be zero. {FIX_ZERO_TARGET.get(kind, 'Pick another image (target.index).')}"
         )
-    return Target(x.astype(np.float32), heatmap.astype(np.float32), int(label), source)
+    x = x.astype(np.int32) if dataset.is_text else x.astype(np.float32)  # token ids stay ids
+    return Target(x, heatmap.astype(np.float32), int(label), source)

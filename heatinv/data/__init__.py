@@ -33,13 +33,14 @@ from heatinv.data.digits import load_digits
 from heatinv.data.folders import COLOR_MODES, load_folder
 from heatinv.data.image_files import ImageFiles, image_key, reading
 from heatinv.data.tables import TABULAR_NAMES, load_csv, load_tabular
+from heatinv.data.text import load_text
 
 __all__ = [
     "COLOR_MODES", "DATASET_NAMES", "TABULAR_NAMES", "Dataset", "ImageFiles", "first_index_of", "image_key",
-    "load_csv", "load_dataset", "load_digits", "load_folder", "load_mnist", "load_npz", "load_tabular", "reading",
+    "load_csv", "load_dataset", "load_digits", "load_folder", "load_mnist", "load_npz", "load_tabular", "load_text", "reading",
 ]
 
-DATASET_NAMES = ("digits", "mnist", "npz", "folder", "tabular", "csv")
+DATASET_NAMES = ("digits", "mnist", "npz", "folder", "text", "tabular", "csv")
 
 
 def load_dataset(
@@ -51,6 +52,9 @@ def load_dataset(
     label_column: str | None = None,
     seed: int = 0,
     color_mode: str = "rgb",
+    text_column: str = "text",
+    max_tokens: int = 2000,
+    length: int = 32,
 ) -> Dataset:
     """Loads a dataset by its config name (the `data` group).
 
@@ -59,7 +63,8 @@ def load_dataset(
             (`"breast_cancer"`, `"wine"`).
         path: the file or folder for `mnist`, `npz`, `folder`, `csv`; ignored otherwise.
         image_size, test_split, seed, color_mode: for `folder`.
-        label_column: for `csv`.
+        label_column: for `csv` and `text`.
+        text_column, max_tokens, length: for `text` (a csv of texts, as token ids).
 
     Returns:
         The `Dataset`.
@@ -79,6 +84,8 @@ def load_dataset(
         return load_folder(path, image_size, test_split, seed, color_mode)
     if name == "csv":
         return load_csv(path, label_column)
+    if name == "text":
+        return load_text(path, text_column, label_column or "label", max_tokens, length, test_split)
     if name in TABULAR_NAMES:
         return load_tabular(name)
     raise ValueError(

@@ -56,6 +56,7 @@ class Dataset:
     feature_names: tuple[str, ...] | None = None
     low: float | np.ndarray = 0.0
     high: float | np.ndarray = 1.0
+    vocabulary: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         # Catch a malformed split here, not as a shape error deep in Keras.
@@ -79,7 +80,7 @@ class Dataset:
         if self.class_names is None:
             count = int(max(self.y_train.max(initial=0), self.y_test.max(initial=0))) + 1
             object.__setattr__(self, "class_names", tuple(str(i) for i in range(count)))
-        if self.feature_names is None and self.x_train.ndim == 2:
+        if self.feature_names is None and self.x_train.ndim == 2 and self.vocabulary is None:
             object.__setattr__(self, "feature_names", tuple(f"x{i}" for i in range(self.x_train.shape[1])))
         for split in ("train", "test"):
             y = getattr(self, f"y_{split}")
@@ -105,6 +106,11 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         """The shape of one example: `(H, W, C)` or `(d,)`."""
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the examples are token ids ``[length]`` (``vocabulary`` names each id)."""
+        return self.vocabulary is not None
 
     @property
     def is_image(self) -> bool:

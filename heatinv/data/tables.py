@@ -119,11 +119,11 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
             f"heatinv/data/tables.py load_csv: '{file}' (data.path) line {line} has no label (its {label_column!r} cell, "
             "data.label_column, is empty). Label every row, or drop the unlabelled ones."
         )
-    names, y = _label_classes(raw)
+    names, y = label_classes(raw)
     return _standardized_table(x, y, os.path.splitext(os.path.basename(file))[0], names, tuple(features), test_fraction)
 
 
-def _label_classes(labels: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+def label_classes(labels: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
     """The classes of a csv's labels and each row's class index.
 
     Labels that are all numbers are classes by value, in order (``2`` before ``10``; ``1`` and
@@ -131,7 +131,7 @@ def _label_classes(labels: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
     sorted.
 
     Example:
-    >>> _label_classes(["10", "2", "2.0", "10"])
+    >>> label_classes(["10", "2", "2.0", "10"])
     (('2', '10'), array([1, 0, 0, 1]))
     """
     try:

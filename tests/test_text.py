@@ -1,0 +1,62 @@
+"""data=text and model=transformer: a csv of texts as token ids, explained token by token in the main job."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+
+from heatinv.data import load_dataset
+
+GOOD, BAD = ["great", "good", "wonderful"], ["bad", "awful", "dull"]
+FILLER = "the a film movie story was and it very really plot acting this that".split()
+
+
+def reviews(path, count: int = 120) -> str:
+    """A csv of generated reviews: filler words and one word that tells the label."""
+    rng = random.Random(0)
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["review", "sentiment"])
+        for i in range(count):
+            words = [rng.choice(FILLER) for _ in range(rng.randint(4, 9))]
+            words.insert(rng.randrange(len(words) + 1), rng.choice(GOOD if i % 2 else BAD))
+            writer.writerow([" ".join(words), "positive" if i % 2 else "negative"])
+    return str(path)
+
+
+def test_a_csv_of_texts_becomes_token_ids_with_its_vocabulary(tmp_path):
+    data = load_dataset("text", reviews(tmp_path / "r.csv"), text_column="review", label_column="sentiment", length=12)
+    assert data.x_train.dtype == np.int32 and data.x_train.shape[1:] == (12,) and data.is_text and not data.is_image
+    assert data.class_names == ("negative", "positive") and data.vocabulary[:2] == ("", "[UNK]")
+    assert set(GOOD + BAD) <= set(data.vocabulary) and len(data.y_test) == 24  # a fifth held out, per class
+    with pytest.raises(ValueError, match=r"columns \['review', 'sentiment'\].*'text' and 'label'.*data.text_column"):
+        load_dataset("text", str(tmp_path / "r.csv"))
+
+
+def test_the_main_job_explains_a_transformer_token_by_token(tmp_path, config):
+    from heatinv.train import run
+
+    path = reviews(tmp_path / "r.csv")
+    cfg = config("data=text", f"data.path={path}", "data.text_column=review", "data.label_column=sentiment", "data.length=12",
+                 "model=transformer", "model.dim=8", "model.depth=1", "model.heads=2", "target=class", "target.label=positive")
+    assert cfg.lrp.composite == "attnlrp"
+    metrics = run(cfg)
+    assert metrics["steps"] == 4 and np.isfinite(metrics["cosine"])
+    out = tmp_path / "run"
+    assert (out / "heatmaps.png").stat().st_size > 0 and json.loads((out / "metrics.json").read_text())["target"].startswith(
+        "reference heatmap of r test example")
+
+
+def test_token_ids_need_the_transformer_and_the_transformer_token_ids(tmp_path, config):
+    from heatinv.train import run
+
+    path = reviews(tmp_path / "r.csv")
+    with pytest.raises(ValueError, match=r"model=transformer reads token ids.*Got model=mlp for token ids: use model=transformer"):
+        run(config("data=text", f"data.path={path}", "data.text_column=review", "data.label_column=sentiment", "target=class",
+                   "target.label=positive"))
+    with pytest.raises(ValueError, match=r"Got model=transformer for inputs of shape \(28, 28, 1\)"):
+        run(config("model=transformer", "target=digit7"))
