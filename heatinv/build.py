@@ -7,7 +7,9 @@ this module trains the student or writes a run's files.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -86,6 +88,7 @@ def build_parts(cfg) -> Parts:
     dataset = load_dataset(
         d.name, d.path, image_size=tuple(d.image_size), test_split=d.test_split, label_column=d.label_column, seed=cfg.trainer.seed,
         color_mode=d.color_mode, text_column=d.text_column, max_tokens=d.max_tokens, length=d.length,
+        vocabulary=saved_vocabulary(cfg),
     )
     log.info(
         f"heatinv: data {dataset.name}: {len(dataset.x_train)} training and {len(dataset.x_test)} held-out examples of "
@@ -117,6 +120,19 @@ def build_parts(cfg) -> Parts:
     if cfg.trainer.precision == "float64":
         student = with_dtype(student, "float64")
     return Parts(dataset, reference, reference_acc, student)
+
+
+VOCABULARY = "vocabulary.json"
+"""A text run's vocabulary, written when it begins: the words of its token ids, reused on resume."""
+
+
+def saved_vocabulary(cfg) -> list[str] | None:
+    """A resumed text run's vocabulary (its ids must mean the words they meant), else None."""
+    path = os.path.join(cfg.paths.output_dir, VOCABULARY)
+    if cfg.data.name != "text" or not cfg.trainer.resume or not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
 
 
 def _warn_if_no_better_than_guessing(acc: float, dataset: Dataset, given: str) -> None:

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 RESULT_FILES = ("metrics.json", "student.keras", "heatmaps.png")
 CHECKPOINTS = "checkpoints"
-RUN_WRITES = RESULT_FILES + ("heatmaps.svg", "doctor.json", "tensorboard", CHECKPOINTS)
+RUN_WRITES = RESULT_FILES + ("heatmaps.svg", "heatmaps.html", "vocabulary.json", "doctor.json", "tensorboard", CHECKPOINTS)
 """Everything a run writes into its directory but Hydra's ``.hydra/`` and ``train.log``."""
 
 

@@ -312,6 +312,38 @@ def token_figure(words: Sequence[str], maps: Mapping[str, np.ndarray], title: st
     return fig
 
 
+def token_html(words: Sequence[str], maps: Mapping[str, np.ndarray], title: str | None = None) -> str:
+    """:func:`token_figure` as an HTML page: each word a span on its relevance's colour, the value in its tooltip.
+
+    Example:
+    >>> "background:" in token_html(["good", "<pad>"], {"target": np.array([1.0, 0.0])})
+    True
+    """
+    import html
+
+    import matplotlib
+    from matplotlib.colors import to_hex
+
+    kept = [i for i, word in enumerate(words) if word != "<pad>"]
+    values = {label: np.asarray(v, np.float64).reshape(-1) for label, v in maps.items()}
+    peak = max(float(np.max(np.abs(v[kept]))) for v in values.values()) if kept else 0.0
+    colours = matplotlib.colormaps[COLORMAP]
+    rows = []
+    for label, v in values.items():
+        spans = " ".join(
+            f'<span style="background:{to_hex(colours(0.5 + 0.5 * v[i] / peak if peak > 0 else 0.5))};padding:1px 3px" '
+            f'title="{v[i]:.4g}">{html.escape(words[i])}</span>'
+            for i in kept
+        )
+        rows.append(f"<p><b>{html.escape(label)}</b><br>{spans}</p>")
+    head = f"<h3>{html.escape(title)}</h3>" if title else ""
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>heatinv</title></head>'
+        f'<body style="font-family:monospace">{head}{"".join(rows)}'
+        f"<p>red: positive relevance, blue: negative (one scale, largest |value| {peak:.4g})</p></body></html>\n"
+    )
+
+
 def feature_figure(
     feature_names: Sequence[str], maps: Mapping[str, np.ndarray], title: str | None = None, top: int = 15
 ) -> Figure:

@@ -15,16 +15,16 @@ from collections.abc import Iterator
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from heatinv.atomic import write_json
+from heatinv.atomic import atomic_path, write_json
 from heatinv.data.text import words
-from heatinv.build import Parts, explainer_for, single_target
+from heatinv.build import VOCABULARY, Parts, explainer_for, single_target
 from heatinv.doctor import HeatmapObjective, diagnose, format_report
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import HeatmapMatch, heatmap_loss
 from heatinv.lrp.reach import best_cosine, input_proportional_rule
 from heatinv.models import accuracy
 from heatinv.outputs import write_run_files
-from heatinv.figures import feature_figure, heatmap_figure, token_figure
+from heatinv.figures import feature_figure, heatmap_figure, token_figure, token_html
 from heatinv.similarity import cosine_numpy, similarity_numpy
 from heatinv.step import compile_step, mode_for, optimizer_from, schedule
 from heatinv.summaries import Summaries
@@ -122,6 +122,8 @@ class SingleTask:
         return diagnose(self.student, self.target.image, self.target.label, objective, self.cfg.trainer.precision)
 
     def begin(self, summaries: Summaries) -> None:
+        if self._is_text:  # at the start: a resume tokenizes with it (build.VOCABULARY)
+            write_json(os.path.join(self.cfg.paths.output_dir, VOCABULARY), list(self.parts.dataset.vocabulary))
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.target.source)
         summaries.preformatted("diagnosis", format_report(self.findings, "before the first update"))
@@ -203,9 +205,14 @@ class SingleTask:
         return metrics
 
     def write(self, out: str, metrics: dict) -> None:
-        """``metrics.json``, ``student.keras``, ``heatmaps.png`` + ``.svg`` (the figure of :meth:`finish`), ``doctor.json``."""
+        """``metrics.json``, ``student.keras``, ``heatmaps.png`` + ``.svg`` (the figure of :meth:`finish`), ``doctor.json``;
+        a text's ``heatmaps.html``."""
         write_run_files(out, metrics, self.student, self.figure)
         write_json(os.path.join(out, "doctor.json"), metrics["diagnosis"])
+        if self._is_text:
+            maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
+            with atomic_path(os.path.join(out, "heatmaps.html")) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(token_html(self.feature_names, maps, f"target: {self.target.source}"))
 
     @staticmethod
     def summary_line(metrics: dict) -> str:

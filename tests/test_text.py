@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from heatinv.build import saved_vocabulary
 from heatinv.data import load_dataset
 
 GOOD, BAD = ["great", "good", "wonderful"], ["bad", "awful", "dull"]
@@ -60,3 +61,28 @@ def test_token_ids_need_the_transformer_and_the_transformer_token_ids(tmp_path, 
                    "target.label=positive"))
     with pytest.raises(ValueError, match=r"Got model=transformer for inputs of shape \(28, 28, 1\)"):
         run(config("model=transformer", "target=digit7"))
+
+
+def test_a_text_run_writes_its_words_as_html_and_resumes_with_its_vocabulary(tmp_path, config):
+    from heatinv.train import run
+
+    path = reviews(tmp_path / "r.csv")
+    settings = ("data=text", f"data.path={path}", "data.text_column=review", "data.label_column=sentiment", "data.length=12",
+                "model=transformer", "model.dim=8", "model.depth=1", "model.heads=2", "target=class", "target.label=positive",
+                "trainer.checkpoint_every=2")
+    first = run(config(*settings))
+    out = tmp_path / "run"
+    page = (out / "heatmaps.html").read_text()
+    spans = page.count("<span")
+    assert spans and spans % 3 == 0 and any(f">{word}</span>" in page for word in GOOD)  # target, initial, student
+    vocabulary = json.loads((out / "vocabulary.json").read_text())
+    assert vocabulary[:2] == ["", "[UNK]"] and "wonderful" in vocabulary
+    # the csv changes (a new word becomes frequent): the resumed run tokenizes with its own vocabulary
+    with open(path, "a", newline="") as handle:
+        csv.writer(handle).writerows([["zebra zebra zebra", "negative"]] * 40)
+    resume = config(*settings[:-1], "trainer.steps=6", "trainer.resume=true", "trainer.checkpoint_every=2")
+    assert saved_vocabulary(resume) == vocabulary and "zebra" not in vocabulary
+    changed = load_dataset("text", path, text_column="review", label_column="sentiment", length=12)
+    kept = load_dataset("text", path, text_column="review", label_column="sentiment", length=12, vocabulary=vocabulary)
+    assert "zebra" in changed.vocabulary and kept.vocabulary == tuple(vocabulary)
+    assert run(resume)["steps"] == 6 and first["steps"] == 4

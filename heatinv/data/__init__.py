@@ -55,6 +55,7 @@ def load_dataset(
     text_column: str = "text",
     max_tokens: int = 2000,
     length: int = 32,
+    vocabulary=None,
 ) -> Dataset:
     """Loads a dataset by its config name (the `data` group).
 
@@ -64,7 +65,8 @@ def load_dataset(
         path: the file or folder for `mnist`, `npz`, `folder`, `csv`; ignored otherwise.
         image_size, test_split, seed, color_mode: for `folder`.
         label_column: for `csv` and `text`.
-        text_column, max_tokens, length: for `text` (a csv of texts, as token ids).
+        text_column, max_tokens, length, vocabulary: for `text` (a csv of texts, as token ids;
+            `vocabulary`: the words of the ids to tokenize with, a resumed run's).
 
     Returns:
         The `Dataset`.
@@ -85,7 +87,7 @@ def load_dataset(
     if name == "csv":
         return load_csv(path, label_column)
     if name == "text":
-        return load_text(path, text_column, label_column or "label", max_tokens, length, test_split)
+        return load_text(path, text_column, label_column or "label", max_tokens, length, test_split, vocabulary)
     if name in TABULAR_NAMES:
         return load_tabular(name)
     raise ValueError(

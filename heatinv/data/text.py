@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,7 +22,7 @@ PADDING, UNKNOWN = "", "[UNK]"
 
 
 def load_text(path: str, text_column: str = "text", label_column: str = "label", max_tokens: int = 2000,
-              length: int = 32, test_fraction: float = 0.2) -> Dataset:
+              length: int = 32, test_fraction: float = 0.2, vocabulary: Sequence[str] | None = None) -> Dataset:
     """Loads a csv with a header row, a text column and a label column, as token ids ``[N, length]`` int32.
 
     Args:
@@ -30,6 +31,8 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
         max_tokens: the vocabulary's size, padding and ``[UNK]`` included (``data.max_tokens``).
         length: ids per example (``data.length``).
         test_fraction: the held-out share, per class (``data.test_split``).
+        vocabulary: the words of the ids, padding and ``[UNK]`` first, to tokenize with (a
+            resumed run's, saved when it began); None: learned from the training split.
 
     Returns:
         A :class:`Dataset` whose ``vocabulary`` names each id.
@@ -55,10 +58,13 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
     texts = [row[text_column] or "" for row in rows]
     names, y = label_classes([(row[label_column] or "").strip() for row in rows])
     train, test = stratified_split(y, test_fraction)
-    vectorize = keras.layers.TextVectorization(max_tokens=max_tokens, output_sequence_length=length)
-    vectorize.adapt(np.array([texts[i] for i in train], dtype=object))
+    if vocabulary is None:
+        vectorize = keras.layers.TextVectorization(max_tokens=max_tokens, output_sequence_length=length)
+        vectorize.adapt(np.array([texts[i] for i in train], dtype=object))
+    else:
+        vectorize = keras.layers.TextVectorization(output_sequence_length=length, vocabulary=list(vocabulary))
     ids = np.asarray(vectorize(np.array(texts, dtype=object)), np.int32)
-    vocabulary = tuple(vectorize.get_vocabulary())
+    vocabulary = tuple(str(word) for word in vectorize.get_vocabulary())
     name = os.path.splitext(os.path.basename(file))[0]
     return Dataset(ids[train], y[train], ids[test], y[test], name, names, vocabulary=vocabulary, low=0.0, high=float(len(vocabulary)))
 
