@@ -32,7 +32,7 @@ from heatinv.models import APPLICATIONS  # noqa: E402
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | mnist | npz | folder | csv | text | breast_cancer | wine (data=tabular)
+    name: str = "digits"  # digits | mnist | npz | folder | csv | text | tokens | breast_cancer | wine (data=tabular)
     path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz); the file or folder of npz, folder, csv
     image_size: list[int] = field(default_factory=lambda: [32, 32])  # folder: every image resized to [height, width]
     test_split: float = 0.2  # folder: the held-out fraction (seeded split)
@@ -467,7 +467,7 @@ def validate(cfg) -> None:
         "model=<mlp, cnn or an application> model.weights={}",
     )
     _check_read(
-        cfg, "data.path", data.name in ("npz", "folder", "csv", "text", "mnist"), f"data {data.name!r} is bundled",
+        cfg, "data.path", data.name in ("npz", "folder", "csv", "text", "tokens", "mnist"), f"data {data.name!r} is bundled",
         "data=npz (or folder, csv, mnist) data.path={}",
     )
     pattern_file = target.kind == "pattern" and target.pattern == "file"

@@ -86,3 +86,22 @@ def test_a_text_run_writes_its_words_as_html_and_resumes_with_its_vocabulary(tmp
     kept = load_dataset("text", path, text_column="review", label_column="sentiment", length=12, vocabulary=vocabulary)
     assert "zebra" in changed.vocabulary and kept.vocabulary == tuple(vocabulary)
     assert run(resume)["steps"] == 6 and first["steps"] == 4
+
+
+def test_token_ids_in_an_npz_and_a_target_map_of_one_value_per_token(tmp_path, config):
+    from heatinv.train import run
+
+    text = load_dataset("text", reviews(tmp_path / "r.csv"), text_column="review", label_column="sentiment", length=12)
+    np.savez(tmp_path / "ids.npz", x_train=text.x_train, y_train=text.y_train, x_test=text.x_test, y_test=text.y_test,
+             vocabulary=np.array(text.vocabulary))
+    tokens = load_dataset("tokens", str(tmp_path / "ids.npz"))
+    assert tokens.vocabulary == text.vocabulary and np.array_equal(tokens.x_test, text.x_test) and tokens.is_text
+    target = np.zeros(12, "float32")
+    target[0] = 1.0  # all the relevance on the first word
+    np.save(tmp_path / "first.npy", target)
+    metrics = run(config("data=tokens", f"data.path={tmp_path / 'ids.npz'}", "model=transformer", "model.dim=8", "model.depth=1",
+                         "model.heads=2", "target=file", f"target.path={tmp_path / 'first.npy'}", "target.label=1"))
+    assert metrics["steps"] == 4 and metrics["target"].startswith("heatmap ")
+    np.savez(tmp_path / "floats.npz", x_train=text.x_train * 0.5, y_train=text.y_train, x_test=text.x_test, y_test=text.y_test)
+    with pytest.raises(ValueError, match=r"floats.npz.*not ids \[N, length\] >= 0: x_train float64"):
+        load_dataset("tokens", str(tmp_path / "floats.npz"))

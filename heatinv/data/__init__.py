@@ -33,14 +33,14 @@ from heatinv.data.digits import load_digits
 from heatinv.data.folders import COLOR_MODES, load_folder
 from heatinv.data.image_files import ImageFiles, image_key, reading
 from heatinv.data.tables import TABULAR_NAMES, load_csv, load_tabular
-from heatinv.data.text import load_text
+from heatinv.data.text import load_text, load_tokens
 
 __all__ = [
     "COLOR_MODES", "DATASET_NAMES", "TABULAR_NAMES", "Dataset", "ImageFiles", "first_index_of", "image_key",
-    "load_csv", "load_dataset", "load_digits", "load_folder", "load_mnist", "load_npz", "load_tabular", "load_text", "reading",
+    "load_csv", "load_dataset", "load_digits", "load_folder", "load_mnist", "load_npz", "load_tabular", "load_text", "load_tokens", "reading",
 ]
 
-DATASET_NAMES = ("digits", "mnist", "npz", "folder", "text", "tabular", "csv")
+DATASET_NAMES = ("digits", "mnist", "npz", "folder", "text", "tokens", "tabular", "csv")
 
 
 def load_dataset(
@@ -86,6 +86,8 @@ def load_dataset(
         return load_folder(path, image_size, test_split, seed, color_mode)
     if name == "csv":
         return load_csv(path, label_column)
+    if name == "tokens":
+        return load_tokens(path)
     if name == "text":
         return load_text(path, text_column, label_column or "label", max_tokens, length, test_split, vocabulary)
     if name in TABULAR_NAMES:

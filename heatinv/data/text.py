@@ -1,4 +1,4 @@
-"""A csv of texts and labels as token ids: ``data=text data.path=reviews.csv``.
+"""Texts as token ids: a csv of texts and labels (``data=text``), or ids already made (``data=tokens``).
 
 Each row's text is lower-cased, stripped of punctuation and split on whitespace by
 ``keras.layers.TextVectorization``, whose vocabulary (the training split's most frequent
@@ -67,6 +67,48 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
     vocabulary = tuple(str(word) for word in vectorize.get_vocabulary())
     name = os.path.splitext(os.path.basename(file))[0]
     return Dataset(ids[train], y[train], ids[test], y[test], name, names, vocabulary=vocabulary, low=0.0, high=float(len(vocabulary)))
+
+
+def load_tokens(path: str) -> Dataset:
+    """Loads an ``.npz`` of token ids: ``x_train``, ``x_test`` integer ``[N, length]`` (0: padding), ``y_train``,
+    ``y_test`` labels, and optionally ``vocabulary``, the word of each id (strings; without it id ``i`` is named ``#i``).
+
+    Read with ``allow_pickle=False``: the vocabulary must be a string array (``np.array(words)``), not objects.
+
+    Example:
+    >>> ds = load_tokens("ids.npz")  # doctest: +SKIP
+    >>> ds.is_text, ds.x_train.dtype  # doctest: +SKIP
+    (True, dtype('int32'))
+    """
+    import zipfile
+
+    file = existing_file(path, "data.path", "an .npz file with integer token ids x_train, x_test [N, length] and labels y_train, y_test")
+    try:
+        with np.load(file, allow_pickle=False) as loaded:
+            arrays = {key: loaded[key] for key in loaded.files}
+    except (ValueError, OSError, zipfile.BadZipFile) as error:
+        raise ValueError(f"heatinv/data/text.py load_tokens: '{file}' (data.path) is no .npz of arrays ({error}).") from None
+    missing = [key for key in ("x_train", "y_train", "x_test", "y_test") if key not in arrays]
+    ids = [arrays.get(key) for key in ("x_train", "x_test")]
+    wrong = [f"{key} {a.dtype} {a.shape}" for key, a in zip(("x_train", "x_test"), ids)
+             if a is not None and (a.ndim != 2 or not np.issubdtype(a.dtype, np.integer) or a.size and a.min() < 0)]
+    if missing or wrong:
+        raise ValueError(
+            f"heatinv/data/text.py load_tokens: '{file}' (data.path) holds {sorted(arrays)}"
+            f"{'; missing ' + ', '.join(missing) if missing else ''}{'; not ids [N, length] >= 0: ' + ', '.join(wrong) if wrong else ''}. "
+            "Save np.savez(path, x_train=ids, y_train=labels, x_test=..., y_test=..., vocabulary=np.array(words)) with integer ids."
+        )
+    largest = int(max(a.max(initial=0) for a in ids))
+    vocabulary = tuple(str(word) for word in arrays["vocabulary"]) if "vocabulary" in arrays else ("",) + tuple(f"#{i}" for i in range(1, largest + 1))
+    if len(vocabulary) <= largest:
+        raise ValueError(
+            f"heatinv/data/text.py load_tokens: '{file}' (data.path) has ids up to {largest} but a vocabulary of {len(vocabulary)} "
+            "words; give one word per id (index 0 the padding)."
+        )
+    name = os.path.splitext(os.path.basename(file))[0]
+    x_train, x_test = (a.astype(np.int32) for a in ids)
+    y_train, y_test = (np.asarray(arrays[key]).astype(np.int64).reshape(-1) for key in ("y_train", "y_test"))
+    return Dataset(x_train, y_train, x_test, y_test, name, vocabulary=vocabulary, low=0.0, high=float(len(vocabulary)))
 
 
 def words(ids, vocabulary: tuple[str, ...]) -> list[str]:
