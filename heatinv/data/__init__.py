@@ -1,16 +1,17 @@
-"""Datasets for heatinv: bundled digits, local MNIST, a user's .npz, image folder, table or CSV.
+"""Datasets for heatinv: bundled digits, local MNIST, a user's .npz, image folder, table, CSV or texts.
 
 Every loader returns the same `Dataset`, so models, targets and the training loop never need
 to know which source they got:
 
-- `x_*`: float32 images `[N, H, W, C]` or feature vectors `[N, d]`; for an image folder an
-  `ImageFiles` that decodes only the images indexed (`x[a:b]`) or batched (`Dataset.batches`);
+- `x_*`: float32 images `[N, H, W, C]` or feature vectors `[N, d]`, or int32 token ids `[N, length]`
+  (texts: `vocabulary` names each id); for an image folder an `ImageFiles` that decodes only
+  the images indexed (`x[a:b]`) or batched (`Dataset.batches`);
 - `y_*`: int64 `[N]`, labels `0..num_classes-1`;
 - `class_names`, `feature_names` (tables), `low`/`high`: the data's range (the `zbox` box).
 
 One module per source: `digits`, `arrays` (mnist.npz, a user's .npz), `folders` (an image
-folder, whose files `image_files` decodes batch by batch) and `tables` (bundled tables, a
-csv); `dataset` holds the `Dataset` they all return. `load_dataset` picks one by its config name.
+folder, whose files `image_files` decodes batch by batch), `tables` (bundled tables, a
+csv) and `text` (a csv of texts, an .npz of token ids); `dataset` holds the `Dataset` they all return. `load_dataset` picks one by its config name.
 
 Nothing here touches the network: `digits` and the tabular builtins ship inside
 scikit-learn, every other source is a local file or folder.

@@ -38,6 +38,7 @@ class Dataset:
         feature_names: for feature vectors, one name per feature (default `"x0"`, `"x1"`, ...).
         low, high: the smallest and largest input value, a float or one per channel (images)
             or feature (tables): the box of the `zbox` rule.
+        vocabulary: for token ids (texts), the word of each id (id 0: padding); None otherwise.
 
     Example:
 
