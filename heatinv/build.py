@@ -128,8 +128,10 @@ VOCABULARY = "vocabulary.json"
 
 def saved_vocabulary(cfg) -> list[str] | None:
     """A resumed text run's vocabulary (its ids must mean the words they meant), else None."""
+    if cfg.data.name != "text" or not cfg.trainer.resume:  # the run folder is read only where needed: a script's may be unset
+        return None
     path = os.path.join(cfg.paths.output_dir, VOCABULARY)
-    if cfg.data.name != "text" or not cfg.trainer.resume or not os.path.isfile(path):
+    if not os.path.isfile(path):
         return None
     with open(path) as handle:
         return json.load(handle)
