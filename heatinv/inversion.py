@@ -137,7 +137,8 @@ def invert(
     """
     keras.utils.set_random_seed(seed)
     input_shape = _input_shape(model)
-    x = _one_input(x, input_shape)
+    tokens = np.issubdtype(np.dtype(model.inputs[0].dtype), np.integer)  # token ids, explained token by token
+    x = _one_input(x, input_shape, np.int32 if tokens else np.float32)
     if isinstance(target, str) and (target not in PATTERNS or len(input_shape) != 3):
         raise ValueError(
             f"invert() target={target!r}: a pattern is one of {list(PATTERNS)} and is drawn on images; "
@@ -161,10 +162,11 @@ def invert(
         validate(cfg)
         cfg.data.name = "arrays"  # after validation: the run's config says where its data came from
         parts = _parts(model, x, label, data, cfg.trainer.precision)
-        inputs = x if parts.dataset is None else np.concatenate([x, parts.dataset.x_test])
-        data_low, data_high = value_range(inputs, inputs)
-        cfg.lrp.low = _box(data_low if low is None else low)
-        cfg.lrp.high = _box(data_high if high is None else high)
+        if not tokens:  # token ids have no box
+            inputs = x if parts.dataset is None else np.concatenate([x, parts.dataset.x_test])
+            data_low, data_high = value_range(inputs, inputs)
+            cfg.lrp.low = _box(data_low if low is None else low)
+            cfg.lrp.high = _box(data_high if high is None else high)
         channels = cfg.target.channels
         task = SingleTask(cfg, parts, _target(target, x, label, channels, cfg.target.scale))
         with held_run_directory(out):
@@ -186,9 +188,9 @@ def _input_shape(model: keras.Model) -> tuple[int, ...]:
     return tuple(inputs[0].shape[1:])
 
 
-def _one_input(x, input_shape: tuple[int, ...]) -> np.ndarray:
-    """``x`` as ``[1, *input_shape]`` float32: the batch axis (and one channel) added where left out."""
-    array = np.asarray(x, dtype=np.float32)
+def _one_input(x, input_shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``x`` as ``[1, *input_shape]`` in ``dtype`` (float32, int32 token ids): the batch axis (and one channel) added where left out."""
+    array = np.asarray(x, dtype=dtype)
     for shape in (input_shape, (1, *input_shape)) + ((input_shape[:-1], (1, *input_shape[:-1])) if input_shape[-1] == 1 else ()):
         if array.shape == shape:
             return array.reshape((1, *input_shape))
@@ -237,7 +239,7 @@ def _parts(model: keras.Model, x: np.ndarray, label: int, data, precision: str) 
                 f"invert() data holds x of shape {x_test.shape} and y of shape {y_test.shape}; expected held-out inputs "
                 f"[N, {', '.join(map(str, x.shape[1:]))}] and their N integer labels."
             )
-        x_test, y_test = x_test.astype(np.float32).reshape((-1, *x.shape[1:])), y_test.astype(np.int64).reshape(-1)
+        x_test, y_test = x_test.astype(x.dtype).reshape((-1, *x.shape[1:])), y_test.astype(np.int64).reshape(-1)
         classes = tuple(map(str, range(int(model.outputs[0].shape[-1]))))
         dataset = Dataset(x_test, y_test, x_test, y_test, "arrays", classes)  # the held-out examples as both splits: no training here
     student = keras.models.clone_model(model)

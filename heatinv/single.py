@@ -107,14 +107,14 @@ class SingleTask:
 
     @property
     def _is_text(self) -> bool:
-        return self.parts.dataset is not None and self.parts.dataset.is_text
+        return self.explainer.tokens
 
     @property
     def feature_names(self) -> tuple[str, ...]:
-        """A table's features, or a text's words (``<pad>`` for padding), for the bars of each entry's relevance."""
+        """A table's features, or a text's words (``<pad>`` for padding; ``#id`` without a vocabulary)."""
         dataset = self.parts.dataset
-        if dataset is not None and dataset.is_text:
-            return tuple(words(self.target.image[0], dataset.vocabulary))
+        if self._is_text:
+            return tuple(words(self.target.image[0], dataset.vocabulary if dataset is not None and dataset.is_text else None))
         return dataset.feature_names if dataset is not None else tuple(f"x{i}" for i in range(self.target.image.shape[-1]))
 
     def diagnose(self) -> list:
@@ -122,7 +122,7 @@ class SingleTask:
         return diagnose(self.student, self.target.image, self.target.label, objective, self.cfg.trainer.precision)
 
     def begin(self, summaries: Summaries) -> None:
-        if self._is_text:  # at the start: a resume tokenizes with it (build.VOCABULARY)
+        if self.parts.dataset is not None and self.parts.dataset.is_text:  # at the start: a resume tokenizes with it (build.VOCABULARY)
             write_json(os.path.join(self.cfg.paths.output_dir, VOCABULARY), list(self.parts.dataset.vocabulary))
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.target.source)

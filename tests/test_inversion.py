@@ -128,3 +128,16 @@ def test_wrong_shapes_and_settings_name_what_was_given_and_expected():
     recurrent = keras.Sequential([keras.Input((8, 8)), keras.layers.SimpleRNN(4, name="rnn"), keras.layers.Dense(2)])
     with pytest.raises(UnsupportedLayerError, match="'rnn'"):
         heatinv.invert(recurrent, np.ones((8, 8)), np.ones((8, 8)), steps=2)
+
+
+def test_a_text_classifier_of_token_ids_is_inverted_token_by_token():
+    from heatinv.transformers import text_classifier
+
+    keras.utils.set_random_seed(0)
+    model = text_classifier(6, 20, 2, dim=8, depth=1, heads=2)
+    ids = np.array([3, 5, 7, 9, 0, 0])  # two padding tokens
+    target = np.array([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])  # all on the second word
+    result = heatinv.invert(model, ids, target, steps=60, learning_rate=1e-2)
+    assert result.x.dtype == np.int32 and result.heatmaps["final"].shape == (1, 6)
+    assert result.metrics["cosine"] > 0.99 and np.all(result.heatmaps["final"][0, 4:] == 0.0)  # padding gets none
+    assert result.plot().axes  # the words (#id without a vocabulary) coloured by relevance

@@ -111,11 +111,11 @@ def load_tokens(path: str) -> Dataset:
     return Dataset(x_train, y_train, x_test, y_test, name, vocabulary=vocabulary, low=0.0, high=float(len(vocabulary)))
 
 
-def words(ids, vocabulary: tuple[str, ...]) -> list[str]:
-    """The words of ``ids``, ``<pad>`` for padding.
+def words(ids, vocabulary: tuple[str, ...] | None) -> list[str]:
+    """The words of ``ids``, ``<pad>`` for padding (``#id`` without a vocabulary).
 
     Example:
-    >>> words([2, 1, 0], ("", "[UNK]", "good"))
-    ['good', '[UNK]', '<pad>']
+    >>> words([2, 1, 0], ("", "[UNK]", "good")), words([5, 0], None)
+    (['good', '[UNK]', '<pad>'], ['#5', '<pad>'])
     """
-    return ["<pad>" if int(i) == 0 else vocabulary[int(i)] for i in ids]
+    return ["<pad>" if int(i) == 0 else vocabulary[int(i)] if vocabulary is not None else f"#{int(i)}" for i in ids]
