@@ -14,19 +14,15 @@ from dataclasses import dataclass, field
 
 import keras
 import numpy as np
-from omegaconf import OmegaConf
 
 from heatinv.build import Parts
-from heatinv.checkpoints import held_run_directory
-from heatinv.config import validate
 from heatinv.data import Dataset
 from heatinv.data.dataset import value_range
-from heatinv.models import accuracy, with_dtype
-from heatinv.settings import IN_MEMORY, NO_RESUME, SINGLE_GROUPS, apply_settings, compose_train, guard_logdir, run_folder
+from heatinv.models import accuracy, copy_with_weights
 from heatinv.run_result import RunResult
+from heatinv.settings import IN_MEMORY, NO_RESUME, SINGLE_GROUPS, configured, run_folder, run_held
 from heatinv.single import SingleTask
 from heatinv.targets import PATTERNS, Target, channels_as_map, pattern_map
-from heatinv.train import announce_files, run_task
 
 REFUSED = {
     "kind": "the target argument says what the target is.",
@@ -154,12 +150,9 @@ def invert(
         **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
     }
     with run_folder(logdir, "heatinv-invert-") as out:
-        cfg = compose_train(groups)
-        for key, value in {**values, "paths.output_dir": out, "paths.root": out}.items():
-            OmegaConf.update(cfg, key, value, merge=False)
         refused = {**REFUSED, **({} if isinstance(target, str) else {"scale": "it sizes a pattern; scale the target array."})}
-        apply_settings(cfg, settings, "invert()", SINGLE_GROUPS, refused)
-        validate(cfg)
+        values = {**values, "paths.output_dir": out, "paths.root": out}
+        cfg = configured(groups, values, settings, "invert()", SINGLE_GROUPS, refused)
         cfg.data.name = "arrays"  # after validation: the run's config says where its data came from
         parts = _parts(model, x, label, data, cfg.trainer.precision)
         if not tokens:  # token ids have no box
@@ -169,11 +162,7 @@ def invert(
             cfg.lrp.high = _box(data_high if high is None else high)
         channels = cfg.target.channels
         task = SingleTask(cfg, parts, _target(target, x, label, channels, cfg.target.scale))
-        with held_run_directory(out):
-            guard_logdir(out, logdir, cfg.trainer.overwrite, "invert()")
-            metrics = run_task(cfg, parts, task=task)
-        if logdir is not None:
-            announce_files(out)
+        metrics = run_held(cfg, parts, task, out, logdir, "invert()")
         heatmaps = {"initial": task.initial, "final": task.final_map, "target": task.target.heatmap}
         return Inversion(task.student, metrics, task.history, task.figure, logdir, heatmaps, x, label)
 
@@ -242,12 +231,8 @@ def _parts(model: keras.Model, x: np.ndarray, label: int, data, precision: str) 
         x_test, y_test = x_test.astype(x.dtype).reshape((-1, *x.shape[1:])), y_test.astype(np.int64).reshape(-1)
         classes = tuple(map(str, range(int(model.outputs[0].shape[-1]))))
         dataset = Dataset(x_test, y_test, x_test, y_test, "arrays", classes)  # the held-out examples as both splits: no training here
-    student = keras.models.clone_model(model)
-    student.set_weights(model.get_weights())
-    if precision == "float64":
-        student = with_dtype(student, "float64")
     reference_accuracy = None if dataset is None else accuracy(model, dataset.x_test, dataset.y_test)
-    return Parts(dataset, model, reference_accuracy, student)
+    return Parts(dataset, model, reference_accuracy, copy_with_weights(model, precision))
 
 
 def _box(value) -> float | list[float]:

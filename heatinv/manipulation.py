@@ -12,18 +12,14 @@ import os
 import keras
 import numpy as np
 import tensorflow as tf
-from omegaconf import OmegaConf
 
 from heatinv.build import Parts, check_target_fits_data, default_box_to_data_range
-from heatinv.checkpoints import held_run_directory
-from heatinv.config import validate
 from heatinv.data import Dataset, load_dataset
 from heatinv.data.dataset import stratified_split, value_range
 from heatinv.dataset_task import DatasetTask
-from heatinv.models import accuracy, with_dtype
+from heatinv.models import accuracy, copy_with_weights
 from heatinv.run_result import RunResult
-from heatinv.settings import IN_MEMORY, DATASET_GROUPS, NO_RESUME, apply_settings, compose_train, guard_logdir, run_folder
-from heatinv.train import announce_files, run_task
+from heatinv.settings import DATASET_GROUPS, IN_MEMORY, NO_RESUME, configured, run_folder, run_held
 
 TARGETS = ("swap", "pattern", "suppress", "suppress_feature", "swap_features")
 """The dataset task's targets (``configs/target``)."""
@@ -100,32 +96,21 @@ def manipulate(
     groups = ["task=dataset", "model=file", "init=reference", f"target={target}", f"loss={loss}", f"lrp={composite}",
               f"optimizer={optimizer}"]
     with run_folder(logdir, "heatinv-manipulate-") as out:
-        cfg = compose_train(groups)
         values = {
             "model.path": IN_MEMORY, "task.epochs": epochs, "task.batch_size": batch_size, "task.classes": classes,
             "trainer.seed": seed, "data.test_split": test_split, "paths.output_dir": out, "paths.root": out,
             "paths.cache_dir": os.path.join(out, "cache"),
             **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
         }
-        for key, value in values.items():
-            OmegaConf.update(cfg, key, value, merge=False)
-        apply_settings(cfg, settings, "manipulate()", DATASET_GROUPS, REFUSED)
-        validate(cfg)
+        cfg = configured(groups, values, settings, "manipulate()", DATASET_GROUPS, REFUSED)
         dataset = _dataset(data, input_shape, test_split, seed)
         cfg.data.name = dataset.name  # after validation: the run's config says where its data came from
         default_box_to_data_range(cfg, dataset)
         check_target_fits_data(cfg, dataset)
-        student = keras.models.clone_model(reference)
-        student.set_weights(reference.get_weights())
-        if cfg.trainer.precision == "float64":
-            student = with_dtype(student, "float64")
+        student = copy_with_weights(reference, cfg.trainer.precision)
         parts = Parts(dataset, reference, accuracy(reference, dataset.x_test, dataset.y_test), student)
         task = DatasetTask(cfg, parts)
-        with held_run_directory(out):
-            guard_logdir(out, logdir, cfg.trainer.overwrite, "manipulate()")
-            metrics = run_task(cfg, parts, task=task)
-        if logdir is not None:
-            announce_files(out)
+        metrics = run_held(cfg, parts, task, out, logdir, "manipulate()")
         return RunResult(parts.student, metrics, task.history, task.final_figure, logdir)
 
 

@@ -374,6 +374,19 @@ def variable_tag(variable) -> str:
     return "/".join(variable.path.split("/")[-2:])
 
 
+def variable_tags(variables) -> list[str]:
+    """:func:`variable_tag` of each variable, or its whole path where two variables would share one
+    (the sublayers of two attention layers are both ``query/kernel``).
+
+    Example:
+    >>> from types import SimpleNamespace as V
+    >>> variable_tags([V(path="a/query/kernel"), V(path="b/query/kernel"), V(path="m/dense/bias")])
+    ['a/query/kernel', 'b/query/kernel', 'dense/bias']
+    """
+    tags = [variable_tag(v) for v in variables]
+    return [v.path if tags.count(tag) > 1 else tag for v, tag in zip(variables, tags)]
+
+
 def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on ``(x, y)``.
 
@@ -564,6 +577,17 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
         if not was_deterministic:  # the rest of the run keeps TensorFlow's faster, non-deterministic kernels
             tf_config.disable_op_determinism()
     return model
+
+
+def copy_with_weights(model: keras.Model, precision: str = "float32") -> keras.Model:
+    """A copy of ``model`` with its weights (the model itself untouched), in float64 for ``precision="float64"``.
+
+    Example:
+    >>> copy = copy_with_weights(model)  # doctest: +SKIP
+    """
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return with_dtype(copy, "float64") if precision == "float64" else copy
 
 
 def with_dtype(model: keras.Model, dtype: str) -> keras.Model:

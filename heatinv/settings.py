@@ -1,4 +1,4 @@
-"""A run's config from Python: the ``train`` config composed as the command line composes it, keyword settings on it.
+"""A run started from Python: the ``train`` config composed as the command line composes it, keyword settings on it, and its run.
 
 :func:`heatinv.invert` and :func:`heatinv.manipulate` take the config's keys as keywords by
 their last name (``epsilon=1e-3`` is ``lrp.epsilon``, ``log_every=10`` is ``trainer.log_every``).
@@ -11,10 +11,11 @@ import difflib
 import os
 import tempfile
 
+from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from heatinv.checkpoints import RunDirectoryError, guard_run_directory
-from heatinv.config import ConfigError, register
+from heatinv.checkpoints import RunDirectoryError, guard_run_directory, held_run_directory
+from heatinv.config import ConfigError, register, validate
 
 SINGLE_GROUPS = ("trainer", "lrp", "loss", "optimizer", "target")
 """The config groups whose keys :func:`heatinv.invert` takes by their last name."""
@@ -45,6 +46,28 @@ def compose_train(groups: list[str]):
         if held is not None:
             GlobalHydra.instance().initialize(held)
     return cfg
+
+
+def configured(groups: list[str], values: dict, settings: dict, caller: str, setting_groups: tuple[str, ...], refused: dict):
+    """The validated config: ``groups`` chosen, ``values`` (dotted keys) set, then the caller's keyword ``settings``."""
+    cfg = compose_train(groups)
+    for key, value in values.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    apply_settings(cfg, settings, caller, setting_groups, refused)
+    validate(cfg)
+    return cfg
+
+
+def run_held(cfg, parts, task, out: str, logdir: str | None, caller: str) -> dict:
+    """:func:`heatinv.train.run_task` of a built task in ``out``, held against a second run and an existing one."""
+    from heatinv.train import announce_files, run_task
+
+    with held_run_directory(out):
+        guard_logdir(out, logdir, cfg.trainer.overwrite, caller)
+        metrics = run_task(cfg, parts, task=task)
+    if logdir is not None:
+        announce_files(out)
+    return metrics
 
 
 def apply_settings(cfg, settings: dict, caller: str, groups: tuple[str, ...], refused: dict[str, str]) -> None:

@@ -191,10 +191,10 @@ class SingleTask:
         if metrics["stopped_at_step"] is not None:  # the figure alone must not pass for a run that went its course
             codes = ", ".join(dict.fromkeys(finding.code for finding in findings)) or "no finding"
             title += f"\nstopped at step {metrics['stopped_at_step']} of {self.cfg.trainer.steps}: {codes} (doctor.json)"
+        self.maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
         if self.target.heatmap.ndim == 2:  # a table: bars of relevance per feature; a text: its words coloured
-            maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
             drawn = token_figure if self._is_text else feature_figure
-            self.figure = drawn(self.feature_names, maps, title)
+            self.figure = drawn(self.feature_names, self.maps, title)
         else:
             summaries.current_heatmap(steps, self.target.heatmap[0], self.final_map[0])
             self.figure = heatmap_figure(
@@ -210,9 +210,8 @@ class SingleTask:
         write_run_files(out, metrics, self.student, self.figure)
         write_json(os.path.join(out, "doctor.json"), metrics["diagnosis"])
         if self._is_text:
-            maps = {"target": self.target.heatmap[0], "initial": self.initial[0], "student": self.final_map[0]}
             with atomic_path(os.path.join(out, "heatmaps.html")) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(token_html(self.feature_names, maps, f"target: {self.target.source}"))
+                handle.write(token_html(self.feature_names, self.maps, f"target: {self.target.source}"))
 
     @staticmethod
     def summary_line(metrics: dict) -> str:
