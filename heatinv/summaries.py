@@ -36,7 +36,7 @@ from tensorboard.util import tensor_util
 
 from heatinv.figures import to_rgb
 from heatinv.final_metrics import FINAL_METRICS
-from heatinv.models import variable_tag
+from heatinv.models import variable_tags
 from heatinv.render import diverging_rgb, grayscale_rgb
 
 MATCH, TRAIN, HEALTH, GRAD_NORM = "1_match", "2_train", "3_health", "4_grad_norm"
@@ -182,7 +182,7 @@ class Summaries:
     def health(self, step: int, nonfinite_steps: int, variables=(), norms=(), zero_fractions=()) -> None:
         """Skipped non-finite steps so far and, when measured, each variable's gradient norm
         and the share of its gradient that is exactly zero; one event."""
-        names = [variable_tag(variable) for variable in variables]
+        names = variable_tags(variables)
         values = {self.tag(HEALTH, "nonfinite_steps"): nonfinite_steps}
         values.update({self.tag(HEALTH, f"zero_grad_fraction/{name}"): zeros for name, zeros in zip(names, zero_fractions)})
         values.update({self.tag(GRAD_NORM, name): norm for name, norm in zip(names, norms)})
@@ -191,8 +191,7 @@ class Summaries:
     def histograms(self, step: int, variables, gradients=None) -> None:
         """``weights/<variable>`` and, when given, ``gradients/<variable>``: 30 equal-width buckets."""
         values = []
-        for k, variable in enumerate(variables):
-            tag = variable_tag(variable)
+        for k, (variable, tag) in enumerate(zip(variables, variable_tags(variables))):
             values.append((f"weights/{tag}", tensor_util.make_tensor_proto(histogram_buckets(_numpy(variable))), histogram_metadata))
             if gradients is not None:
                 values.append((f"gradients/{tag}", tensor_util.make_tensor_proto(histogram_buckets(_numpy(gradients[k]))), histogram_metadata))

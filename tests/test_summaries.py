@@ -203,3 +203,13 @@ def test_hparams_row_strips_override_syntax_and_leaves_out_how_a_job_starts():
 def test_trial_name_keeps_where_a_run_lies_under_a_dot_named_folder():
     """Only "." and ".." mean outside the root: a folder named ".sweeps" is inside it."""
     assert trial_name("outputs/.sweeps/2026-12-04/0_loss=l1", "outputs") == "0_loss=l1 (.sweeps/2026-12-04)"
+
+
+def test_two_attention_layers_get_a_tag_each():
+    """Their sublayers' variables end alike (``query/kernel``): each keeps its own curve, under its whole path."""
+    from heatinv.models import variable_tags
+    from heatinv.transformers import text_classifier
+
+    variables = text_classifier(6, 20, 2, dim=8, depth=2, heads=2).trainable_variables
+    tags = variable_tags(variables)
+    assert len(set(tags)) == len(tags) and "block1_attention/query/kernel" in tags and "embedding/embeddings" in tags

@@ -31,7 +31,7 @@ from heatinv.models import Architecture, accuracy, build_model
 from heatinv.render import diverging_rgb
 from heatinv.similarity import similarity_numpy
 from heatinv.step import compile_step
-from heatinv.summaries import variable_tag
+from heatinv.models import variable_tag
 from heatinv.targets import pattern_map
 from heatinv.train import GradientsVanished, run
 

@@ -17,7 +17,7 @@ from heatinv.losses import heatmap_loss
 from heatinv.lrp import LRP, NonFiniteHeatmapWarning, target_mask
 from heatinv.lrp.canonical import Linear, canonize
 from heatinv.lrp.propagate import Forward, forward
-from heatinv.models import variable_tag, with_dtype
+from heatinv.models import variable_tags, with_dtype
 
 
 @dataclass
@@ -76,7 +76,7 @@ class HeatmapObjective:
             loss = loss_fn(explanation.relevance, tf.cast(self.target, dtype))
         # an Embedding's gradient comes as IndexedSlices: dense, as the checks read every gradient
         gradients = [None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
-        names = [variable_tag(v) for v in variables]
+        names = variable_tags(variables)
         fwd = forward(explainer.steps, x)
         return Probe(float(loss), _gradients_by_name(names, gradients), fwd, explanation.relevance, dtype, explanation.start)
 
