@@ -23,8 +23,9 @@ from omegaconf import OmegaConf
 
 from heatinv.channel_sum import ChannelSumLRP
 from heatinv.config import ConfigError
-from heatinv.data import COLOR_MODES, Dataset, load_dataset, reading
+from heatinv.data import COLOR_MODES, TEXT_NAMES, Dataset, load_dataset, reading
 from heatinv.feature_targets import FEATURE_KINDS, feature_index
+from heatinv.token_targets import TOKEN_KINDS, token_id, token_share
 from heatinv.dataset_targets import dataset_targets
 from heatinv.explanation_cache import cached_explanations
 from heatinv.lrp import LRP
@@ -128,7 +129,7 @@ VOCABULARY = "vocabulary.json"
 
 def saved_vocabulary(cfg) -> list[str] | None:
     """A resumed text run's vocabulary (its ids must mean the words they meant), else None."""
-    if cfg.data.name != "text" or not cfg.trainer.resume:  # the run folder is read only where needed: a script's may be unset
+    if cfg.data.name not in TEXT_NAMES or not cfg.trainer.resume:  # the run folder is read only where needed: a script's may be unset
         return None
     path = os.path.join(cfg.paths.output_dir, VOCABULARY)
     if not os.path.isfile(path):
@@ -391,7 +392,7 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
     return build_target(
         t.kind,
         dataset,
-        explainer_for(reference, cfg) if t.kind in ("class",) + FEATURE_KINDS else None,
+        explainer_for(reference, cfg) if t.kind in ("class",) + FEATURE_KINDS + TOKEN_KINDS else None,
         label=target_class(cfg, dataset),
         index=t.index,
         path=t.path,
@@ -399,19 +400,35 @@ def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:
         pattern=t.pattern,
         scale=t.scale,
         channels=t.channels,
+        positions=t.positions,
         **feature_options(cfg, dataset),
     )
 
 
 def feature_options(cfg, dataset: Dataset) -> dict:
-    """``feature`` and ``like_feature`` positions for the tabular targets (``{}`` for the others)."""
+    """``feature`` and ``like_feature`` positions for the tabular targets, ``token`` (an id) for the text ones (``{}`` for the others)."""
     t = cfg.target
+    if t.kind in TOKEN_KINDS:
+        if not dataset.is_text:
+            raise ValueError(
+                f"target={t.kind} moves the relevance of a word of texts; the {dataset.name} data gives "
+                f"{'images' if dataset.is_image else 'feature vectors'} of shape {dataset.input_shape}. Use texts "
+                "(data=text, data=tokens or data=protected_text), or for a table target=suppress_feature."
+            )
+        return {"token": token_id(dataset.vocabulary, t.token)}
+    if t.kind == "tokens" and not dataset.is_text:
+        raise ValueError(
+            f"target=tokens places relevance on token positions; the {dataset.name} data gives examples of shape "
+            f"{dataset.input_shape}, not texts. For images use target=pattern."
+        )
     if t.kind not in FEATURE_KINDS:
         return {}
-    if dataset.is_image:
+    if dataset.is_image or dataset.is_text:
         raise ValueError(
-            f"target={t.kind} moves the relevance of a table's feature; the {dataset.name} data gives images of shape "
-            f"{dataset.input_shape}. Use a table (data=tabular or data=csv), or target=pattern/swap/suppress."
+            f"target={t.kind} moves the relevance of a table's feature; the {dataset.name} data gives "
+            f"{'images' if dataset.is_image else 'token ids'} of shape "
+            f"{dataset.input_shape}. Use a table (data=tabular or data=csv), or target=pattern/swap/suppress "
+            "(texts: target=suppress_token)."
         )
     feature = feature_index(dataset.feature_names, t.feature, "target.feature")
     like = feature_index(dataset.feature_names, t.like, "target.like") if t.kind == "swap_features" else None
@@ -539,9 +556,10 @@ def dataset_problem(cfg, dataset: Dataset, reference: keras.Model) -> DatasetPro
         return StreamedProblem(explainer, target.kind, classes, options, description, explanations)
     train_maps, train_logits = explain_all(explainer, dataset.x_train, dataset.y_train, "the training set")
     test_maps, test_logits = explain_all(explainer, dataset.x_test, dataset.y_test, "the held-out set")
-    train_targets, train_chosen = dataset_targets(target.kind, dataset.y_train, train_maps, classes, **options)
+    ids = {"train": dataset.x_train, "test": dataset.x_test} if dataset.is_text else {"train": None, "test": None}
+    train_targets, train_chosen = dataset_targets(target.kind, dataset.y_train, train_maps, classes, ids=ids["train"], **options)
     test_targets, test_chosen = dataset_targets(
-        target.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), **options
+        target.kind, dataset.y_test, test_maps, classes, like_heatmaps=(dataset.y_train, train_maps), ids=ids["test"], **options
     )
     return DatasetProblem(
         train_targets, train_logits.astype(np.float32), train_chosen, test_maps, test_logits, test_targets, test_chosen, description
@@ -602,6 +620,8 @@ def target_detail(target, class_names=None, like: int | None = None) -> str:
             detail = f"{target.feature!r}"
         case "swap_features":
             detail = f"{target.feature!r} like {target.like!r}"
+        case "suppress_token":
+            detail = f"{target.token!r}"
         case _:
             raise ValueError(f"target.kind={target.kind!r}: not a dataset target kind.")
     return f"{target.kind} {detail}"
@@ -637,7 +657,7 @@ def explain_all(
     Example:
     >>> maps, logits = explain_all(LRP(model), dataset.x_test, dataset.y_test)  # doctest: +SKIP
     """
-    explain = _compiled_explain(explainer, x.shape[1:])
+    explain = _compiled_explain(explainer, x.shape[1:], tf.int32 if np.issubdtype(x.dtype, np.integer) else tf.float32)
     progress = Progress(f"explaining {what}", len(x), "images" if x.ndim == 4 else "examples") if what else None
     maps, logits = [], []
     for start in range(0, len(x), batch_size):
@@ -652,16 +672,18 @@ def explain_all(
 _EXPLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _compiled_explain(explainer: LRP, input_shape) -> tf.types.experimental.GenericFunction:
-    """One compiled ``(batch, labels) -> (heatmaps, logits)`` per explainer and input shape, reused across calls.
+def _compiled_explain(explainer: LRP, input_shape, dtype=tf.float32) -> tf.types.experimental.GenericFunction:
+    """One compiled ``(batch, labels) -> (heatmaps, logits)`` per explainer, input shape and dtype, reused across calls.
+
+    ``dtype``: ``tf.float32``, or ``tf.int32`` for token ids (an embedding's input stays ids).
 
     The dataset task explains the held-out set after every epoch; a new ``tf.function`` each
     time would retrace every time.
     """
     functions = _EXPLAIN.setdefault(explainer, {})
-    key = tuple(input_shape)
+    key = (tuple(input_shape), dtype)
     if key not in functions:
-        signature = [tf.TensorSpec((None,) + key, tf.float32), tf.TensorSpec((None,), tf.int32)]
+        signature = [tf.TensorSpec((None,) + key[0], dtype), tf.TensorSpec((None,), tf.int32)]
         owner = weakref.ref(explainer)  # the cache must not keep the explainer (and its model) alive
 
         @tf.function(input_signature=signature, autograph=False)
@@ -700,3 +722,35 @@ def feature_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps:
     }
     figure = feature_figure(dataset.feature_names, maps, f"mean relevance per feature, held-out: {what}")
     return metrics, figure
+
+
+def token_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: np.ndarray, student_logits: np.ndarray,
+                 reference: keras.Model, what: str, shown: int = 4) -> tuple[dict, "Figure"]:
+    """A text's held-out metrics and its figure: the moved word's share of |relevance| and the agreement.
+
+    Returns:
+        ``(metrics, figure)``: ``agreement``; for ``suppress_token``, ``reference_token_share``
+        and ``token_share`` (of the word ``target.token``, over the held-out texts); and the
+        first ``shown`` moved held-out texts (those holding the word, for ``suppress_token``),
+        each coloured by the reference's, the target's and the student's relevance.
+    """
+    from heatinv.data.text import words
+    from heatinv.figures import texts_figure
+
+    reference_predictions = np.argmax(np.asarray(reference(dataset.x_test, training=False)), axis=-1)
+    metrics = {"agreement": float(np.mean(reference_predictions == np.argmax(student_logits, axis=-1)))}
+    picked = problem.test_chosen
+    if cfg.target.kind in TOKEN_KINDS:
+        token = feature_options(cfg, dataset)["token"]
+        metrics["reference_token_share"] = token_share(problem.test_maps, dataset.x_test, token)
+        metrics["token_share"] = token_share(student_maps, dataset.x_test, token)
+        picked = picked & np.any(dataset.x_test == token, axis=1)
+    texts = [
+        (
+            f"held-out #{i}, class {_class_name(int(dataset.y_test[i]), dataset.class_names)}",
+            words(dataset.x_test[i], dataset.vocabulary),
+            {"reference": problem.test_maps[i], "target": problem.test_targets[i], "student": student_maps[i]},
+        )
+        for i in np.flatnonzero(picked)[:shown]
+    ]
+    return metrics, texts_figure(texts, f"held-out: {what}")

@@ -25,14 +25,14 @@ from heatinv.wording import as_command_line
 # devices are left to the entry point, so that a program importing heatinv can set them up.
 start_tensorflow(devices=False)
 
-from heatinv.data import COLOR_MODES, DATASET_NAMES, TABULAR_NAMES  # noqa: E402
+from heatinv.data import COLOR_MODES, DATASET_NAMES, TABULAR_NAMES, TEXT_NAMES  # noqa: E402
 from heatinv.lrp import COMPOSITES  # noqa: E402
 from heatinv.models import APPLICATIONS  # noqa: E402
 
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | mnist | npz | folder | csv | text | tokens | breast_cancer | wine (data=tabular)
+    name: str = "digits"  # digits | mnist | npz | folder | csv | text | tokens | protected_text | breast_cancer | wine (data=tabular)
     path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz); the file or folder of npz, folder, csv
     image_size: list[int] = field(default_factory=lambda: [32, 32])  # folder: every image resized to [height, width]
     test_split: float = 0.2  # folder: the held-out fraction (seeded split)
@@ -64,7 +64,7 @@ class ModelConfig:
 
 @dataclass
 class TargetConfig:
-    kind: str = "class"  # class | file | pattern (single); pattern | swap | suppress (dataset)
+    kind: str = "class"  # class | file | pattern | tokens (single); pattern | swap | suppress (dataset); suppress_feature, swap_features (tables), suppress_token (text): both
     label: Any = 7  # the class explained (and whose held-out image is used): its index, or its name in the data
     index: int = 0  # which held-out image of that class
     channels: str = "sum"  # colour images: compare maps summed over channels (sum) or per channel (keep)
@@ -75,6 +75,8 @@ class TargetConfig:
     scale: float = 1.0  # kind=pattern: total relevance of the pattern
     like: Any = 0  # kind=swap: the class whose reference heatmaps the images get; swap_features: the feature that receives the relevance
     top_k: int = 50  # kind=suppress: how many of the most relevant pixels to empty
+    token: Optional[str] = None  # text: suppress_token: the word whose relevance goes to the other tokens
+    positions: Optional[list[int]] = None  # text: kind=tokens: the positions that hold the relevance
 
 
 @dataclass
@@ -170,7 +172,7 @@ CHOICES = {
     "model.pool": ("max", "avg", "strided"),
     "data.color_mode": tuple(COLOR_MODES),
     "model.output_activation": ("linear", "relu", "softmax"),
-    "target.kind": ("class", "file", "pattern", "swap", "suppress", "suppress_feature", "swap_features"),
+    "target.kind": ("class", "file", "pattern", "tokens", "swap", "suppress", "suppress_feature", "swap_features", "suppress_token"),
     "target.pattern": ("square", "cross", "frame", "file"),
     "target.channels": ("sum", "keep"),
     "task.kind": ("single", "dataset"),
@@ -271,14 +273,16 @@ READ_ONLY_WHEN = (
     ),
     ReadOnlyWhen(("target.pattern",), lambda c: c.target.kind == "pattern", "target=pattern", ("target.kind",)),
     ReadOnlyWhen(
-        ("target.scale",), lambda c: c.target.kind == "pattern" and c.task.kind == "single",
-        "target=pattern with task=single (task=dataset keeps each image's own total relevance)", ("target.kind", "task.kind"),
+        ("target.scale",), lambda c: c.target.kind in ("pattern", "tokens") and c.task.kind == "single",
+        "target=pattern and target=tokens with task=single (task=dataset keeps each image's own total relevance)", ("target.kind", "task.kind"),
     ),
     ReadOnlyWhen(("target.like",), lambda c: c.target.kind in ("swap", "swap_features"), "target=swap and target=swap_features", ("target.kind",)),
     ReadOnlyWhen(("target.top_k",), lambda c: c.target.kind == "suppress", "target=suppress", ("target.kind",)),
     ReadOnlyWhen(
         ("target.feature",), lambda c: c.target.kind in _FEATURE_KINDS, "target=suppress_feature and target=swap_features", ("target.kind",)
     ),
+    ReadOnlyWhen(("target.token",), lambda c: c.target.kind == "suppress_token", "target=suppress_token", ("target.kind",)),
+    ReadOnlyWhen(("target.positions",), lambda c: c.target.kind == "tokens", "target=tokens", ("target.kind",)),
     ReadOnlyWhen(
         ("target.label",), lambda c: c.task.kind == "single",
         "task=single (task=dataset moves the heatmaps of task.classes)", ("task.kind",),
@@ -306,9 +310,12 @@ READ_ONLY_WHEN = (
         "task=dataset with task.early_stopping=true", ("task.kind", "task.early_stopping"),
     ),
     ReadOnlyWhen(("data.image_size", "data.color_mode"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
-    ReadOnlyWhen(("data.test_split",), lambda c: c.data.name in ("folder", "text"), "data=folder and data=text", ("data.name",)),
+    ReadOnlyWhen(
+        ("data.test_split",), lambda c: c.data.name in ("folder",) + TEXT_NAMES, "data=folder, data=text and data=protected_text", ("data.name",)
+    ),
     ReadOnlyWhen(("data.label_column",), lambda c: c.data.name in ("csv", "text"), "data=csv and data=text", ("data.name",)),
-    ReadOnlyWhen(("data.text_column", "data.max_tokens", "data.length"), lambda c: c.data.name == "text", "data=text", ("data.name",)),
+    ReadOnlyWhen(("data.text_column",), lambda c: c.data.name == "text", "data=text", ("data.name",)),
+    ReadOnlyWhen(("data.max_tokens", "data.length"), lambda c: c.data.name in TEXT_NAMES, "data=text and data=protected_text", ("data.name",)),
     ReadOnlyWhen(
         ("lrp.epsilon",), lambda c: c.lrp.composite in _composites_with("epsilon"),
         f"the composites with an epsilon rule (lrp={', '.join(_composites_with('epsilon'))})", ("lrp.composite",),
@@ -390,7 +397,8 @@ def validate(cfg) -> None:
             "them (a csv's label, a folder's subfolder), e.g. target.label=0."
         )
     feature_kinds = ("suppress_feature", "swap_features")
-    single_kinds, dataset_kinds = ("class", "file", "pattern") + feature_kinds, ("pattern", "swap", "suppress") + feature_kinds
+    single_kinds = ("class", "file", "pattern", "tokens", "suppress_token") + feature_kinds
+    dataset_kinds = ("pattern", "swap", "suppress", "suppress_token") + feature_kinds
     allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds
     if cfg.target.kind not in allowed:
         table = cfg.data.name in TABULAR_NAMES + ("csv",)
@@ -428,6 +436,10 @@ def validate(cfg) -> None:
         raise ConfigError(f"Config value task.success_threshold={cfg.task.success_threshold} must be in [0, 1].")
     if cfg.target.pattern == "file" and not cfg.target.path:
         raise ConfigError("target.pattern=file needs target.path=/path/to/pattern.npy (or .png).")
+    if cfg.target.kind == "suppress_token" and not cfg.target.token:
+        raise ConfigError("target=suppress_token needs target.token=<a word of the texts' vocabulary>, e.g. target.token=foreign.")
+    if cfg.target.kind == "tokens" and not cfg.target.positions:
+        raise ConfigError("target=tokens needs target.positions=[...], the token positions that hold the relevance, e.g. target.positions=[0,1].")
     if cfg.target.kind in feature_kinds and not cfg.target.feature:
         raise ConfigError(f"target={cfg.target.kind} needs target.feature=<a feature name of the table>.")
     if cfg.target.kind == "swap_features" and not isinstance(cfg.target.like, str):

@@ -23,8 +23,9 @@ import numpy as np
 from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
 from heatinv.maps_io import read_map
 from heatinv.targets import pattern_map, unit_total
+from heatinv.token_targets import PADDING_ID, TOKEN_KINDS, move_token_relevance
 
-KINDS = ("pattern", "swap", "suppress") + FEATURE_KINDS
+KINDS = ("pattern", "swap", "suppress") + FEATURE_KINDS + TOKEN_KINDS
 MIN_RECEIVING_SHARE = 1e-3
 """``suppress``: the rest's positive relevance receives the removed total only where it is at
 least this share of it (a gain of at most 1000)."""
@@ -53,6 +54,8 @@ def dataset_targets(
     top_k: int = 50,
     feature: int | None = None,
     like_feature: int | None = None,
+    token: int | None = None,
+    ids: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Target heatmaps for every image, and which images are manipulated.
 
@@ -74,6 +77,9 @@ def dataset_targets(
             removed total, it stays as it is and the total is not kept).
         feature, like_feature: for ``suppress_feature`` / ``swap_features`` (tables): the feature
             whose relevance goes, and the one that receives it (see :mod:`heatinv.feature_targets`).
+        token, ids: texts: the word id whose relevance goes (``suppress_token``, see
+            :mod:`heatinv.token_targets`), and the examples' ids ``[N, T]`` (a swapped class
+            mean then lies on each example's own tokens, never on its padding).
 
     Returns:
         ``(targets, the shape of reference_heatmaps; manipulated [N] bool)``.
@@ -96,6 +102,10 @@ def dataset_targets(
     if kind in FEATURE_KINDS:
         moved = move_feature_relevance(reference_heatmaps, feature, like_feature if kind == "swap_features" else None)
         targets[chosen] = moved[chosen]
+    elif kind in TOKEN_KINDS:
+        if ids is None:
+            raise ValueError(f"target={kind} needs the examples' token ids (ids).")
+        targets[chosen] = move_token_relevance(reference_heatmaps, ids, token)[chosen]
     elif kind == "pattern":
         shape = reference_heatmaps.shape[1:]
         if pattern == "file":
@@ -109,8 +119,13 @@ def dataset_targets(
             if not np.any(source_labels == like):
                 raise ValueError(f"target.like={like}: no images of class {like} to take heatmaps from.")
             like_mean = source_maps[source_labels == like].mean(axis=0)
-        mean = like_mean
-        targets[chosen] = (_unit_sum(mean)[None] * totals)[chosen]
+        if ids is None:
+            moved = _unit_sum(like_mean)[None] * totals
+        else:  # a sequence: the class mean on the example's own tokens, each example's part summing to +-1
+            on_tokens = np.where(np.asarray(ids) != PADDING_ID, like_mean[None], 0.0)
+            sums = np.abs(on_tokens.sum(axis=1, keepdims=True))
+            moved = np.divide(on_tokens, sums, out=np.zeros_like(on_tokens), where=sums > 0) * totals
+        targets[chosen] = moved[chosen]
     else:
         flat = reference_heatmaps.reshape(len(labels), -1)
         top = np.argsort(-flat, axis=1)[:, :top_k]

@@ -57,10 +57,11 @@ from omegaconf import OmegaConf
 
 from heatinv.atomic import write_json
 from heatinv.build import (
-    Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples,
+    Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples, token_report,
 )
 from heatinv.doctor import HeatmapObjective, diagnose
 from heatinv.feature_targets import feature_share
+from heatinv.token_targets import token_share
 from heatinv.loop import Call, LoopResult
 from heatinv.losses import batch_unit, per_example_heatmap_loss
 from heatinv.lrp import LRP
@@ -129,6 +130,10 @@ class Manipulation:
         unit = batch_unit(targets, self.normalize, explanation.relevance.dtype)
         terms = {name: tf.reduce_mean(value) for name, value in self.per_example(explanation, labels, targets, reference_logits, unit).items()}
         return {"loss": self.combine(terms), **terms}
+
+
+SHARES = ("feature", "token")
+"""The moved part whose share of |relevance| a table's (``feature_share``) or a text's (``token_share``) run reports."""
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
@@ -253,28 +258,35 @@ def evaluate(explainer: LRP, x, labels, targets, chosen, threshold: float, refer
     return evaluate_batches(explainer, [(x, labels, targets, chosen)], threshold, reference_classes)
 
 
-def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classes, feature: int | None = None) -> dict[str, float]:
+def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classes, moved: tuple[str, int] | None = None) -> dict[str, float]:
     """:func:`evaluate` over ``(x, labels, targets, chosen)`` batches: only one batch's heatmaps are held at a time.
 
     Every metric is a mean of per-image values, so it does not depend on how the images are batched.
-    ``feature`` (a table's moved feature) adds ``feature_share``: its share of the absolute
-    relevance of all the images (:func:`heatinv.feature_targets.feature_share`).
+    ``moved`` (``("feature", index)``, a table's moved feature, or ``("token", id)``, a text's
+    moved word) adds ``feature_share`` or ``token_share``: its share of the absolute relevance of
+    all the examples (:func:`heatinv.feature_targets.feature_share`, :func:`heatinv.token_targets.token_share`).
     """
     scores: dict[str, list] = {name: [] for name in ("cosine", "ssim", "pearson", "spearman")}
     predicted, all_labels = [], []
-    table_maps = []  # a table's maps, [N, d]: small, and never streamed
+    moved_maps, moved_x = [], []  # a table's or a text's maps, [N, d] or [N, T]: small, and never streamed
     for x, labels, targets, chosen in batches:
         maps, logits = explain_all(explainer, x, labels)
         predicted.append(np.argmax(logits, -1))
         all_labels.append(np.asarray(labels))
-        if feature is not None:
-            table_maps.append(maps)
+        if moved is not None:
+            moved_maps.append(maps)
+            moved_x.append(np.asarray(x))
         if np.any(chosen):
             for name, values in per_sample_similarity(maps[chosen], targets[chosen]).items():
                 scores[name].append(values.numpy())
     predicted = np.concatenate(predicted)
     scores = {name: np.concatenate(v) if v else np.zeros(0, np.float32) for name, v in scores.items()}  # none chosen: NaN means, as before
-    shares = {} if feature is None else {"feature_share": feature_share(np.concatenate(table_maps), feature)}
+    shares = {}
+    if moved is not None:
+        kind, index = moved
+        maps = np.concatenate(moved_maps)
+        share = feature_share(maps, index) if kind == "feature" else token_share(maps, np.concatenate(moved_x), index)
+        shares = {f"{kind}_share": share}
     return {
         "student_accuracy": float(np.mean(predicted == np.concatenate(all_labels))),
         "agreement": agreement(predicted, reference_classes),
@@ -318,7 +330,8 @@ class DatasetTask:
         task = cfg.task
         data = parts.dataset
         self.problem = dataset_problem(cfg, data, parts.reference)
-        self.moved_feature = feature_options(cfg, data).get("feature")  # a table's: its share is logged per epoch
+        options = feature_options(cfg, data)  # a table's feature or a text's word: its share is logged per epoch
+        self.moved = ("feature", options["feature"]) if "feature" in options else ("token", options["token"]) if "token" in options else None
         self.streamed = isinstance(self.problem, StreamedProblem)
         if self.streamed and cfg.trainer.strategy != "none":
             raise ValueError(
@@ -447,7 +460,7 @@ class DatasetTask:
                 yield b.x, b.labels, b.targets, b.chosen
 
         return evaluate_batches(
-            self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes, self.moved_feature
+            self.explainer, batches(), self.cfg.task.success_threshold, self.reference_classes, self.moved
         )
 
     def evaluate_validation(self) -> dict[str, float]:
@@ -507,7 +520,7 @@ class DatasetTask:
             "the reference's weights" if self.cfg.init.kind == "reference"
             else "random weights (init=random: trained from scratch; init=reference fine-tunes the reference)"
         )
-        share = f", feature share {self.initial['feature_share']:.2%}" if "feature_share" in self.initial else ""
+        share = "".join(f", {kind} share {self.initial[f'{kind}_share']:.2%}" for kind in SHARES if f"{kind}_share" in self.initial)
         log.info(
             f"heatinv: before: cosine {self.initial['cosine']:.3f}, accuracy {self.initial['student_accuracy']:.3f}{share}, "
             f"from {start}"
@@ -568,7 +581,7 @@ class DatasetTask:
         self.epoch_evaluation_seconds.append(time.perf_counter() - started)
         summaries.scalars(epoch, TRAIN, train_terms)
         summaries.match(epoch, self.test)
-        share_note = f"  feature share {self.test['feature_share']:.2%}" if "feature_share" in self.test else ""
+        share_note = "".join(f"  {kind} share {self.test[f'{kind}_share']:.2%}" for kind in SHARES if f"{kind}_share" in self.test)
         validation_note = ""
         if self.validation is not None:
             validation = self._keep_if_best(epoch)
@@ -653,14 +666,13 @@ class DatasetTask:
         }
 
     def _table_metrics(self) -> dict:
-        """For a table: the moved feature's share of |relevance| (reference, student) and the agreement."""
+        """For a table or a text: the moved feature's or word's share of |relevance| (reference, student) and the agreement."""
         if self.parts.dataset.is_image:
             return {}
         data = self.parts.dataset
         maps, logits = explain_all(self.explainer, data.x_test, data.y_test)
-        metrics, self.final_figure = feature_report(
-            self.cfg, data, self.problem, maps, logits, self.parts.reference, self.problem.description
-        )
+        report = token_report if data.is_text else feature_report
+        metrics, self.final_figure = report(self.cfg, data, self.problem, maps, logits, self.parts.reference, self.problem.description)
         return metrics
 
     def write(self, out: str, metrics: dict) -> None:
@@ -706,8 +718,8 @@ class DatasetTask:
             f"heatinv: held-out cosine {metrics['cosine']:.4f}, success rate {metrics['success_rate']:.3f}; "
             f"accuracy reference {metrics['reference_accuracy']:.3f}, student {metrics['student_accuracy']:.3f}; "
             f"agreement {metrics['agreement']:.3f}"
-            + (
-                f"; feature share reference {metrics['reference_feature_share']:.2%}, student {metrics['feature_share']:.2%}"
-                if "feature_share" in metrics else ""
+            + "".join(
+                f"; {kind} share reference {metrics[f'reference_{kind}_share']:.2%}, student {metrics[f'{kind}_share']:.2%}"
+                for kind in SHARES if f"{kind}_share" in metrics
             )
         )

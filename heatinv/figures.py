@@ -282,31 +282,53 @@ def token_figure(words: Sequence[str], maps: Mapping[str, np.ndarray], title: st
     >>> len(fig.axes)
     1
     """
+    return texts_figure([(None, words, maps)], title, width)
+
+
+def texts_figure(texts: Sequence[tuple[str | None, Sequence[str], Mapping[str, np.ndarray]]], title: str | None = None,
+                 width: int = 72) -> Figure:
+    """Several texts as :func:`token_figure` draws one, stacked: each ``(caption, words, maps)`` on its own scale.
+
+    Example:
+    >>> fig = texts_figure([("#0", ["good"], {"target": np.array([1.0])}), ("#1", ["bad"], {"target": np.array([-1.0])})])
+    >>> len(fig.axes)
+    1
+    """
     import matplotlib
 
-    kept = [i for i, word in enumerate(words) if word != "<pad>"]
-    values = {label: np.asarray(v, np.float64).reshape(-1) for label, v in maps.items()}
-    peak = max(float(np.max(np.abs(v[kept]))) for v in values.values()) if kept else 0.0
     colours = matplotlib.colormaps[COLORMAP]
-    placed, column, line = [], 0, 1  # (token, column, line) in characters and lines of one row
-    for i in kept:
-        if column and column + len(words[i]) > width:
-            column, line = 0, line + 1
-        placed.append((i, column, line))
-        column += len(words[i]) + 2
-    lines = line + 1  # the label's line and the text's
-    fig = Figure(figsize=(0.11 * width + 0.5, 0.3 * lines * len(values) + 0.7))
+    drawn, top = [], 0.0  # (caption, words, values, peak, placed, lines, top) per text
+    for caption, words, maps in texts:
+        kept = [i for i, word in enumerate(words) if word != "<pad>"]
+        values = {label: np.asarray(v, np.float64).reshape(-1) for label, v in maps.items()}
+        peak = max(float(np.max(np.abs(v[kept]))) for v in values.values()) if kept else 0.0
+        placed, column, line = [], 0, 1  # (token, column, line) in characters and lines of one row
+        for i in kept:
+            if column and column + len(words[i]) > width:
+                column, line = 0, line + 1
+            placed.append((i, column, line))
+            column += len(words[i]) + 2
+        lines = line + 1  # the label's line and the text's
+        top -= 1.2 if caption else 0.0
+        drawn.append((caption, words, values, peak, placed, lines, top))
+        top -= lines * len(values)
+    height = -0.3 * top + 0.7
+    fig = Figure(figsize=(0.11 * width + 0.5, height))
     ax = fig.add_subplot()
     ax.set_axis_off()
-    for row, (label, v) in enumerate(values.items()):
-        top = -row * lines
-        ax.text(0, top, label, fontsize=9, fontweight="bold", va="center")
-        for i, column, line in placed:
-            shade = 0.5 + 0.5 * v[i] / peak if peak > 0 else 0.5
-            ax.text(column + 1, top - line, words[i], fontsize=9, family="monospace", va="center",
-                    bbox={"facecolor": colours(shade), "edgecolor": "none", "pad": 1.5})
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.2 / height, top=1 - (0.5 if title else 0.2) / height)
+    for caption, words, values, peak, placed, lines, start in drawn:
+        if caption:
+            ax.text(0, start + 1.0, caption, fontsize=9, fontstyle="italic", va="center")
+        for row, (label, v) in enumerate(values.items()):
+            row_top = start - row * lines
+            ax.text(0, row_top, label, fontsize=9, fontweight="bold", va="center")
+            for i, column, line in placed:
+                shade = 0.5 + 0.5 * v[i] / peak if peak > 0 else 0.5
+                ax.text(column + 1, row_top - line, words[i], fontsize=9, family="monospace", va="center",
+                        bbox={"facecolor": colours(shade), "edgecolor": "none", "pad": 1.5})
     ax.set_xlim(0, width + 2)
-    ax.set_ylim(-lines * len(values), 0.6)
+    ax.set_ylim(top, 0.6)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

@@ -13,6 +13,7 @@ import numpy as np
 
 from heatinv.data import Dataset, first_index_of
 from heatinv.feature_targets import FEATURE_KINDS, move_feature_relevance
+from heatinv.token_targets import TOKEN_KINDS, move_token_relevance, positions_map
 from heatinv.lrp import LRP
 from heatinv.maps_io import fit_shape, read_map
 
@@ -167,8 +168,13 @@ def build_target(
     channels: str = "sum",
     feature: int | None = None,
     like_feature: int | None = None,
+    token: int | None = None,
+    positions=None,
 ) -> Target:
-    """Build the target of ``kind`` (``class``, ``file`` or ``pattern``).
+    """Build the target of ``kind`` (``class``, ``file``, ``pattern``; tables' and texts' kinds).
+
+    A text's ``suppress_token`` is the reference's map with word ``token``'s relevance given to
+    the other tokens; ``tokens`` puts ``scale`` relevance evenly on ``positions``.
 
     For colour images the target map is ``[H, W, 1]`` (``channels="sum"``, the explainer sums
     its heatmaps over channels) or ``[H, W, C]`` (``"keep"``); a ``[H, W, C]`` file is summed
@@ -183,7 +189,7 @@ def build_target(
         i = first_index_of(dataset, label, index)
         x = dataset.x_test[i : i + 1]
         source_image = f"{dataset.name} test example #{i} (class {dataset.class_names[label]}, index {index})"
-    if kind in ("class",) + FEATURE_KINDS:
+    if kind in ("class",) + FEATURE_KINDS + TOKEN_KINDS:
         if reference_explainer is None:
             raise ValueError(f"target={kind} needs the reference model's explainer.")
         explanation = reference_explainer.explain(x, label)
@@ -193,6 +199,14 @@ def build_target(
             heatmap = move_feature_relevance(heatmap, feature, like_feature if kind == "swap_features" else None)
             moved = dataset.feature_names[feature]
             source += f", {moved} suppressed" if kind == "suppress_feature" else f", {moved} given to {dataset.feature_names[like_feature]}"
+        if kind in TOKEN_KINDS:
+            if not np.any(np.asarray(x) == token):
+                raise ValueError(
+                    f"target=suppress_token: the word {dataset.vocabulary[token]!r} (target.token) does not occur in {source_image}, "
+                    "so there is no relevance to move. Pick an example that holds it (target.index, target.label), or use task=dataset."
+                )
+            heatmap = move_token_relevance(heatmap, np.asarray(x), token)
+            source += f", {dataset.vocabulary[token]!r} suppressed"
         if not np.any(heatmap) and float(explanation.start[0]) == 0.0:
             fix = (
                 "Explain the pre-activation instead with lrp.output=logit, or train the reference with "
@@ -204,6 +218,9 @@ def build_target(
                 f"The target heatmap ({source}) is all zeros because the reference's explained score for "
                 f"class {label} is exactly 0 (lrp.output={reference_explainer.output}). {fix}"
             )
+    elif kind == "tokens":
+        heatmap = positions_map(positions, x[0], scale)
+        source = f"relevance on positions {list(positions)} of {source_image}"
     elif kind == "file":
         heatmap = file_map(path, shape, map_shape)[None]
         source = f"heatmap {path} for {source_image}"
@@ -218,7 +235,7 @@ def build_target(
         drawn = f"pattern {path}" if pattern == "file" else f"{pattern} pattern"
         source = f"{drawn} for {source_image}"
     else:
-        raise ValueError(f"Unknown target kind {kind!r}; expected class, file, pattern, suppress_feature or swap_features.")
+        raise ValueError(f"Unknown target kind {kind!r}; expected class, file, pattern, tokens, suppress_feature, swap_features or suppress_token.")
     if not np.any(heatmap):
         raise ValueError(
             f"The target heatmap ({source}) is all zeros: there is nothing to match, and every gradient "

@@ -13,6 +13,7 @@ import tensorflow as tf
 import yaml
 
 from heatinv.config import validate
+from heatinv.data import TEXT_NAMES
 from heatinv.dataset_targets import dataset_targets
 from heatinv.lrp import LRP
 from heatinv.build import explain_all
@@ -253,10 +254,13 @@ def test_every_experiment_composes_and_validates(experiment, composed):
     cfg, _ = composed(f"experiment={experiment}")
     validate(cfg)
     assert cfg.task.kind == "dataset" and cfg.init.kind == "reference"
-    # The name says the model or the data, and the target (fairwash_*: suppress_feature, hiding a feature).
-    assert cfg.model.name in experiment or cfg.data.name in experiment
+    # The name says the model or the data (or that it is text), and the target (fairwash_*: hiding a feature or a word).
+    assert cfg.model.name in experiment or cfg.data.name in experiment or (cfg.data.name in TEXT_NAMES and "text" in experiment)
     first_word = experiment.split("_")[0]
-    assert cfg.target.kind == "suppress_feature" if first_word == "fairwash" else cfg.target.kind in first_word
+    if first_word == "fairwash":
+        assert cfg.target.kind == ("suppress_token" if cfg.data.name in TEXT_NAMES else "suppress_feature")
+    else:
+        assert cfg.target.kind in first_word
 
 
 def test_a_small_pattern_experiment_runs_and_reports_held_out_metrics(composed, caplog, monkeypatch):

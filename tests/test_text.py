@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +106,39 @@ def test_token_ids_in_an_npz_and_a_target_map_of_one_value_per_token(tmp_path, c
     np.savez(tmp_path / "floats.npz", x_train=text.x_train * 0.5, y_train=text.y_train, x_test=text.x_test, y_test=text.y_test)
     with pytest.raises(ValueError, match=r"floats.npz.*not ids \[N, length\] >= 0: x_train float64"):
         load_dataset("tokens", str(tmp_path / "floats.npz"))
+
+
+def test_fairwashing_a_word_of_generated_reviews_reports_its_share_and_draws_the_texts(config):
+    from heatinv.train import run
+
+    cfg = config("experiment=fairwash_token_text", "model.dim=8", "model.depth=1", "model.heads=2", "task.epochs=2")
+    assert cfg.data.name == "protected_text" and cfg.target.token == "foreign" and cfg.lrp.composite == "attnlrp"
+    metrics = run(cfg)
+    assert metrics["target"] == "suppress_token 'foreign' (all classes)" and metrics["epochs"] == 2
+    assert 0 < metrics["token_share"] < 1 and 0 < metrics["reference_token_share"] < 1 and 0 <= metrics["agreement"] <= 1
+    out = Path(cfg.paths.output_dir)
+    assert (out / "heatmaps.png").stat().st_size > 0 and json.loads((out / "metrics.json").read_text())["token_share"] == metrics["token_share"]
+
+
+def test_text_targets_of_both_tasks_and_their_refusals(tmp_path, composed):
+    from heatinv.train import run
+
+    def config(*overrides):
+        return composed(*overrides)[0]
+
+    small = ("model=transformer", "model.dim=8", "model.depth=1", "model.heads=2")
+    path = reviews(tmp_path / "r.csv")
+    text = ("data=text", f"data.path={path}", "data.text_column=review", "data.label_column=sentiment", "data.length=12", *small)
+    swapped = run(config(*text, "task=dataset", "target=swap", "target.like=negative", "task.classes=[positive]"))
+    assert swapped["target"] == "swap like class 0 (negative) (classes [1 (positive)])" and "token_share" not in swapped
+    placed = run(config(*text, "target=tokens", "target.positions=[0,1]", "target.label=positive"))
+    assert placed["target"].startswith("relevance on positions [0, 1] of r test example")
+    word = run(config("data=protected_text", *small, "target=suppress_token", "target.token=foreign", "target.label=negative",
+                      "target.index=1"))
+    assert word["target"].endswith("'foreign' suppressed")
+    with pytest.raises(ValueError, match=r"target.token='forein' is not a word.*e.g. \['foreign'"):
+        run(config("data=protected_text", *small, "task=dataset", "target=suppress_token", "target.token=forein"))
+    with pytest.raises(ValueError, match=r"target=suppress_token moves the relevance of a word of texts; the digits data gives images"):
+        run(config("task=dataset", "target=suppress_token", "target.token=foreign"))
+    with pytest.raises(ValueError, match=r"target=suppress_token: the word 'foreign' \(target.token\) does not occur in protected_text test"):
+        run(config("data=protected_text", *small, "target=suppress_token", "target.token=foreign", "target.label=positive"))

@@ -34,14 +34,16 @@ from heatinv.data.digits import load_digits
 from heatinv.data.folders import COLOR_MODES, load_folder
 from heatinv.data.image_files import ImageFiles, image_key, reading
 from heatinv.data.tables import TABULAR_NAMES, load_csv, load_tabular
-from heatinv.data.text import load_text, load_tokens
+from heatinv.data.text import load_protected_text, load_text, load_tokens
 
 __all__ = [
     "COLOR_MODES", "DATASET_NAMES", "TABULAR_NAMES", "Dataset", "ImageFiles", "first_index_of", "image_key",
-    "load_csv", "load_dataset", "load_digits", "load_folder", "load_mnist", "load_npz", "load_tabular", "load_text", "load_tokens", "reading",
+    "load_csv", "load_dataset", "load_digits", "load_folder", "load_mnist", "load_npz", "load_tabular", "load_protected_text", "load_text", "load_tokens", "reading", "TEXT_NAMES",
 ]
 
-DATASET_NAMES = ("digits", "mnist", "npz", "folder", "text", "tokens", "tabular", "csv")
+DATASET_NAMES = ("digits", "mnist", "npz", "folder", "text", "tokens", "protected_text", "tabular", "csv")
+TEXT_NAMES = ("text", "protected_text")
+"""The data sets tokenized here by ``TextVectorization`` (their vocabulary is saved with a run)."""
 
 
 def load_dataset(
@@ -67,7 +69,8 @@ def load_dataset(
         image_size, test_split, seed, color_mode: for `folder`.
         label_column: for `csv` and `text`.
         text_column, max_tokens, length, vocabulary: for `text` (a csv of texts, as token ids;
-            `vocabulary`: the words of the ids to tokenize with, a resumed run's).
+            `vocabulary`: the words of the ids to tokenize with, a resumed run's) and
+            `protected_text` (generated reviews, :mod:`heatinv.data.protected_text`).
 
     Returns:
         The `Dataset`.
@@ -91,6 +94,8 @@ def load_dataset(
         return load_tokens(path)
     if name == "text":
         return load_text(path, text_column, label_column or "label", max_tokens, length, test_split, vocabulary)
+    if name == "protected_text":
+        return load_protected_text(max_tokens, length, test_split, vocabulary)
     if name in TABULAR_NAMES:
         return load_tabular(name)
     raise ValueError(

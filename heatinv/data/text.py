@@ -42,8 +42,6 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
     >>> ds.x_train.dtype, ds.vocabulary[:2]  # doctest: +SKIP
     (dtype('int32'), ('', '[UNK]'))
     """
-    import keras
-
     file = existing_file(path, "data.path", "a .csv file with a header row, a text column and a label column")
     with open(file, newline="", encoding="utf-8-sig") as handle:
         rows = [row for row in csv.DictReader(handle)]
@@ -56,7 +54,25 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
             "set data.text_column and data.label_column to its headers)."
         )
     texts = [row[text_column] or "" for row in rows]
-    names, y = label_classes([(row[label_column] or "").strip() for row in rows])
+    labels = [(row[label_column] or "").strip() for row in rows]
+    name = os.path.splitext(os.path.basename(file))[0]
+    return tokenized(texts, labels, name, max_tokens, length, test_fraction, vocabulary)
+
+
+def tokenized(texts: Sequence[str], labels: Sequence[str], name: str, max_tokens: int = 2000, length: int = 32,
+              test_fraction: float = 0.2, vocabulary: Sequence[str] | None = None) -> Dataset:
+    """Texts and their labels as a :class:`Dataset` of token ids ``[N, length]`` int32, split per class.
+
+    The vocabulary is learned from the training split (or given: ``vocabulary``, a resumed run's).
+
+    Example:
+    >>> ds = tokenized(["a good film", "a bad film"] * 5, ["pos", "neg"] * 5, "reviews", length=4)
+    >>> ds.x_train.shape[1], ds.class_names
+    (4, ('neg', 'pos'))
+    """
+    import keras
+
+    names, y = label_classes(list(labels))
     train, test = stratified_split(y, test_fraction)
     if vocabulary is None:
         vectorize = keras.layers.TextVectorization(max_tokens=max_tokens, output_sequence_length=length)
@@ -65,8 +81,22 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
         vectorize = keras.layers.TextVectorization(output_sequence_length=length, vocabulary=list(vocabulary))
     ids = np.asarray(vectorize(np.array(texts, dtype=object)), np.int32)
     vocabulary = tuple(str(word) for word in vectorize.get_vocabulary())
-    name = os.path.splitext(os.path.basename(file))[0]
     return Dataset(ids[train], y[train], ids[test], y[test], name, names, vocabulary=vocabulary, low=0.0, high=float(len(vocabulary)))
+
+
+def load_protected_text(max_tokens: int = 2000, length: int = 32, test_fraction: float = 0.2,
+                        vocabulary: Sequence[str] | None = None) -> Dataset:
+    """The generated reviews of :mod:`heatinv.data.protected_text` (``data=protected_text``), as token ids.
+
+    Example:
+    >>> ds = load_protected_text(length=16)
+    >>> ds.name, ds.class_names, "foreign" in ds.vocabulary
+    ('protected_text', ('negative', 'positive'), True)
+    """
+    from heatinv.data.protected_text import protected_reviews
+
+    texts, labels = protected_reviews()
+    return tokenized(texts, labels, "protected_text", max_tokens, length, test_fraction, vocabulary)
 
 
 def load_tokens(path: str) -> Dataset:

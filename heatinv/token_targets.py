@@ -1,0 +1,105 @@
+"""Targets for token sequences: hide one word's relevance, or place the relevance on chosen positions.
+
+``suppress_token`` is fairwashing on text: wherever the word ``token`` stands, the explanation
+gives it no relevance; the example's other (non-padding) tokens share what it had in proportion
+to their |relevance|, so the total relevance (the explained score) is unchanged. ``tokens`` is
+the sequence analogue of an image's ``pattern``: the relevance lies on given positions.
+A map of a sequence is ``[N, T]``, one value per token (summed over the embedding).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+
+TOKEN_KINDS = ("suppress_token",)
+PADDING_ID = 0
+
+
+def token_id(vocabulary, word: str | None, key: str = "target.token") -> int:
+    """The id of ``word`` in ``vocabulary`` (config key ``key``), or an error naming close words.
+
+    Example:
+    >>> token_id(("", "[UNK]", "good", "bad"), "bad")
+    3
+    """
+    words = list(vocabulary)
+    if word in words[1:]:  # id 0 is padding, never a word
+        return words.index(word)
+    known = difflib.get_close_matches(str(word).lower(), words[2:], n=8) or words[2:10]
+    raise ValueError(
+        f"Config value {key}={word!r} is not a word of the data's vocabulary ({len(words)} ids); "
+        f"e.g. {known}. Set {key} to a word as TextVectorization writes it (lower case, no punctuation)."
+    )
+
+
+def move_token_relevance(maps: np.ndarray, ids: np.ndarray, token: int) -> np.ndarray:
+    """Target maps ``[N, T]``: the positions holding ``token`` get no relevance; the example's other tokens share it.
+
+    Shared in proportion to each other token's |relevance| (as
+    :func:`heatinv.feature_targets.move_feature_relevance` shares a feature's), never onto
+    padding; an example without the token keeps its map; one whose only relevance was the
+    token's spreads it evenly over its other tokens.
+
+    Args:
+        maps: ``[N, T]`` the reference's relevance per token.
+        ids: ``[N, T]`` the token ids (0: padding).
+        token: the id whose relevance goes.
+
+    Returns:
+        ``[N, T]`` float32 with the same row sums as ``maps`` (where a row has another token).
+
+    Example:
+    >>> move_token_relevance(np.array([[2.0, 1.0, 3.0, 0.0]]), np.array([[5, 6, 7, 0]]), 5).tolist()
+    [[0.0, 1.5, 4.5, 0.0]]
+    """
+    maps = np.asarray(maps, np.float64)
+    ids = np.asarray(ids)
+    if maps.shape != ids.shape:
+        raise ValueError(f"move_token_relevance: maps {maps.shape} and ids {ids.shape} must have one value per token.")
+    hidden = ids == token
+    receivers = (ids != PADDING_ID) & ~hidden
+    removed = np.where(hidden, maps, 0.0).sum(axis=1, keepdims=True)
+    targets = np.where(hidden, 0.0, maps)
+    weights = np.where(receivers, np.abs(targets), 0.0)
+    mass = weights.sum(axis=1, keepdims=True)
+    even = receivers / np.maximum(receivers.sum(axis=1, keepdims=True), 1)
+    weights = np.divide(weights, mass, out=even.astype(np.float64), where=mass > 0)
+    return (targets + removed * weights).astype(np.float32)
+
+
+def token_share(maps: np.ndarray, ids: np.ndarray, token: int) -> float:
+    """The share of the positions holding ``token`` in the total absolute relevance of ``maps`` ``[N, T]``.
+
+    Example:
+    >>> token_share(np.array([[1.0, -3.0]]), np.array([[4, 5]]), 4)
+    0.25
+    """
+    magnitude = np.abs(np.asarray(maps, np.float64))
+    return float(magnitude[np.asarray(ids) == token].sum() / max(magnitude.sum(), np.finfo(np.float64).tiny))
+
+
+def positions_map(positions, ids: np.ndarray, total: float) -> np.ndarray:
+    """``[1, T]``: ``total`` relevance shared evenly by ``positions`` of the sequence ``ids`` ``[T]`` (``target=tokens``).
+
+    Example:
+    >>> positions_map([0, 2], np.array([3, 4, 5, 0]), 1.0).tolist()
+    [[0.5, 0.0, 0.5, 0.0]]
+    """
+    ids = np.asarray(ids).reshape(-1)
+    positions = [int(p) for p in positions or ()]
+    outside = [p for p in positions if not 0 <= p < len(ids)]
+    padding = [p for p in positions if p not in outside and ids[p] == PADDING_ID]
+    if not positions or outside or padding or len(set(positions)) != len(positions):
+        words = int(np.count_nonzero(ids != PADDING_ID))
+        raise ValueError(
+            f"Config value target.positions={positions} must name distinct positions of the example's {words} tokens "
+            f"(0 to {words - 1}; "
+            + (f"{outside} lie outside its {len(ids)} ids; " if outside else "")
+            + (f"{padding} are padding, which gets no relevance; " if padding else "")
+            + "e.g. target.positions=[0,1])."
+        )
+    heatmap = np.zeros((1, len(ids)), np.float32)
+    heatmap[0, positions] = total / len(positions)
+    return heatmap
