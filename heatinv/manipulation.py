@@ -21,7 +21,7 @@ from heatinv.models import accuracy, copy_with_weights
 from heatinv.run_result import RunResult
 from heatinv.settings import DATASET_GROUPS, IN_MEMORY, NO_RESUME, configured, run_folder, run_held
 
-TARGETS = ("swap", "pattern", "suppress", "suppress_feature", "swap_features")
+TARGETS = ("swap", "pattern", "suppress", "suppress_feature", "swap_features", "suppress_token")
 """The dataset task's targets (``configs/target``)."""
 
 REFUSED = {
@@ -48,6 +48,7 @@ def manipulate(
     optimizer: str = "adam",
     learning_rate: float | None = None,
     test_split: float = 0.2,
+    vocabulary=None,
     logdir: str | None = None,
     seed: int = 0,
     **settings,
@@ -67,12 +68,14 @@ def manipulate(
             subfolder per class) or an ``.npz`` (``x_train``, ``y_train``, ``x_test``, ``y_test``).
         target: ``"swap"`` (the chosen classes' heatmaps look like class ``like``'s),
             ``"pattern"`` (``pattern="square"|"cross"|"frame"``), ``"suppress"`` (the top
-            ``top_k`` pixels emptied), or for tables ``"suppress_feature"`` / ``"swap_features"``
-            (``feature=``, ``like=``).
+            ``top_k`` pixels emptied), for tables ``"suppress_feature"`` / ``"swap_features"``
+            (``feature=``, ``like=``), for a model of token ids ``"suppress_token"`` (``token=``, a word).
         classes: the classes whose heatmaps move (indices or names); None: all.
         epochs, batch_size: of the fine-tuning.
         composite, loss, optimizer, learning_rate, seed: as :func:`heatinv.invert`.
         test_split: the held-out share where ``data`` is not split already.
+        vocabulary: for a model of token ids (its input integer ``[N, T]``, 0 padding): the
+            word of each id (default: id ``i`` is the word ``"#i"``).
         logdir: a folder for the run's files, as the command line writes them.
         **settings: any other key of the ``trainer``, ``lrp``, ``loss``, ``optimizer``,
             ``target`` or ``task`` config groups by its last name, e.g. ``like=0``,
@@ -103,7 +106,7 @@ def manipulate(
             **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
         }
         cfg = configured(groups, values, settings, "manipulate()", DATASET_GROUPS, REFUSED)
-        dataset = _dataset(data, input_shape, test_split, seed)
+        dataset = _dataset(data, input_shape, test_split, seed, _token_model(reference), vocabulary)
         cfg.data.name = dataset.name  # after validation: the run's config says where its data came from
         default_box_to_data_range(cfg, dataset)
         check_target_fits_data(cfg, dataset)
@@ -114,8 +117,13 @@ def manipulate(
         return RunResult(parts.student, metrics, task.history, task.final_figure, logdir)
 
 
-def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int) -> Dataset:
-    """``data`` as a :class:`heatinv.data.Dataset` of examples shaped ``input_shape``."""
+def _token_model(model: keras.Model) -> bool:
+    """Whether ``model`` reads token ids (an integer input)."""
+    return np.issubdtype(np.dtype(model.inputs[0].dtype), np.integer)
+
+
+def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int, tokens: bool = False, vocabulary=None) -> Dataset:
+    """``data`` as a :class:`heatinv.data.Dataset` of examples shaped ``input_shape`` (``tokens``: ids, named by ``vocabulary``)."""
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
         if os.path.isdir(path):
@@ -143,14 +151,20 @@ def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int) -
         x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
     arrays = []
     for name, x in (("x_train", x_train), ("x_test", x_test)):
-        x = np.asarray(x, np.float32)
-        if x.shape[1:] == input_shape[:-1] and input_shape[-1] == 1:
+        x = np.asarray(x, np.int32 if tokens else np.float32)
+        if not tokens and x.shape[1:] == input_shape[:-1] and input_shape[-1] == 1:
             x = x[..., None]
         if x.shape[1:] != input_shape:
             raise ValueError(
                 f"manipulate() data: {name} holds examples of shape {x.shape[1:]}; the model takes inputs of shape {input_shape}."
             )
         arrays.append(x)
-    low, high = value_range(*arrays)
     y_train, y_test = (np.asarray(y).astype(np.int64).reshape(-1) for y in (y_train, y_test))
+    if tokens:
+        largest = int(max(a.max(initial=0) for a in arrays))
+        words = tuple(vocabulary) if vocabulary is not None else ("",) + tuple(f"#{i}" for i in range(1, largest + 1))
+        if len(words) <= largest:
+            raise ValueError(f"manipulate() vocabulary= has {len(words)} words but the ids reach {largest}; give one word per id.")
+        return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", vocabulary=words, low=0.0, high=float(len(words)))
+    low, high = value_range(*arrays)
     return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", low=low, high=high)

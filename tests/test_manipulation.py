@@ -79,3 +79,26 @@ def test_wrong_targets_and_data_are_refused_naming_them():
         heatinv.manipulate(reference, (x_train, y_train), epochs=1, label=3)
     with pytest.raises(ValueError, match=r"x_train holds examples of shape \(14, 14, 1\).*\(28, 28, 1\)"):
         heatinv.manipulate(reference, (x_train[:, ::2, ::2], y_train), epochs=1)
+
+
+def test_a_text_models_word_is_hidden_from_python():
+    import keras
+
+    from heatinv.data import load_dataset
+    from heatinv.transformers import text_classifier
+
+    data = load_dataset("protected_text", length=16)
+    keras.utils.set_random_seed(0)
+    model = text_classifier(16, len(data.vocabulary), 2, dim=8, depth=1, heads=2)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data.x_train, data.y_train, epochs=2, batch_size=64, verbose=0)
+    before = model.get_weights()
+    result = heatinv.manipulate(model, ((data.x_train, data.y_train), (data.x_test, data.y_test)), target="suppress_token",
+                                token="foreign", vocabulary=data.vocabulary, composite="attnlrp", epochs=2, heatmap_weight=10.0,
+                                logit_weight=1.0, normalize="max")
+    metrics = result.metrics
+    assert metrics["target"] == "suppress_token 'foreign' (all classes)"
+    assert 0 <= metrics["token_share"] < metrics["reference_token_share"] <= 1  # two epochs already move some of it
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # the caller's model is not changed
+    with pytest.raises(ValueError, match=r"target.token='#99' is not a word"):
+        heatinv.manipulate(model, (data.x_test, data.y_test), target="suppress_token", token="#99", epochs=1)
