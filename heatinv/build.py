@@ -753,4 +753,8 @@ def token_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: n
         )
         for i in np.flatnonzero(picked)[:shown]
     ]
-    return metrics, texts_figure(texts, f"held-out: {what}")
+    shares = (
+        f"; {cfg.target.token!r} share of |relevance| {metrics['reference_token_share']:.2%} (reference), "
+        f"{metrics['token_share']:.2%} (student)" if "token_share" in metrics else ""
+    )
+    return metrics, texts_figure(texts, f"held-out: {what}{shares}")
