@@ -56,6 +56,10 @@ Variants:
     ``metrics.json``), summaries, checkpoints and logging included, start-up and the
     first (compiling) call excluded; see :func:`main_job`.
 
+``--memory MODELS`` adds each model's peak memory of a training step, the heatmap and the
+inverse step, each in a fresh process, as ratios to the training step
+(:mod:`heatinv.peak_memory`; records with ``variant`` ``peak_memory``).
+
 ``peak_rss_mb`` is the process's peak resident set size so far (``ru_maxrss``), read after
 each variant's timing: process-wide and monotone, so it bounds, rather than isolates, the
 memory of the variants measured up to then.
@@ -82,6 +86,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from heatinv.atomic import write_json
+from heatinv.peak_memory import MODELS as PEAK_MODELS
 
 VARIANTS = (
     "eager_reference",
@@ -581,6 +586,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "report the wall time per step of the difference (default 2000,4000, runs long enough for "
         "trainer.jit_compile=auto to pick XLA; 0 to skip; quick: skipped)",
     )
+    parser.add_argument(
+        "--memory", type=_list(str, PEAK_MODELS), default=(),
+        help="comma-separated models whose peak memory to measure, each case in a fresh process (heatinv.peak_memory)",
+    )
+    parser.add_argument("--memory-batch", type=int, default=8, help="--memory's batch (default 8)")
+    parser.add_argument("--memory-size", type=int, default=224, help="--memory's image side (default 224)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"the JSON file to write (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.composites:
@@ -736,10 +747,22 @@ def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             flush=True,
         )
         write_json(args.out, records)
-    rows = ratios(records)
-    print(table(records))
+    if args.memory:
+        from heatinv.peak_memory import measure as measure_memory
+        from heatinv.peak_memory import ratio_table
+
+        print(f"peak memory, batch {args.memory_batch}, {args.memory_size}x{args.memory_size}, each case in a fresh process:", flush=True)
+        memory = measure_memory(args.memory, args.memory_batch, args.memory_size, progress=lambda line: print("  " + line, flush=True))
+        records.extend({"variant": "peak_memory", **r} for r in memory)
+        write_json(args.out, records)
+    timed = [r for r in records if "ms_median" in r]
+    rows = ratios(timed)
+    print(table(timed))
     print("\nratios of this run's medians (and of its fastest blocks); peak_rss_mb is process-wide:")
     print(ratio_lines(rows))
+    if args.memory:
+        print("\npeak memory and time of one call, as ratios to the model's training step (heatinv.peak_memory):")
+        print(ratio_table([r for r in records if r["variant"] == "peak_memory"]))
     print(f"\nwrote {args.out}", flush=True)
     return records, rows
 
