@@ -22,19 +22,16 @@ import sys
 import tempfile
 import time
 
-FILES = ("__init__", "canonical", "canonize", "composites", "graph", "max_pool", "one_channel", "propagate", "reach", "rules")  # canonize: its name before 3edc620
-
-
 def load_engine(revision: str, root: str):
-    """``heatinv/lrp`` of ``revision`` as the package ``heatinv_before.lrp``."""
+    """``heatinv/lrp`` of ``revision`` (every module it holds) as the package ``heatinv_before.lrp``."""
     package = os.path.join(root, "heatinv_before", "lrp")
     os.makedirs(package)
     open(os.path.join(root, "heatinv_before", "__init__.py"), "w").close()
-    for name in FILES:
-        shown = subprocess.run(["git", "show", f"{revision}:heatinv/lrp/{name}.py"], capture_output=True, text=True)
-        if shown.returncode == 0:  # a module the other revision does not have is simply absent
-            with open(os.path.join(package, f"{name}.py"), "w") as f:
-                f.write(shown.stdout.replace("heatinv.lrp", "heatinv_before.lrp"))
+    listed = subprocess.run(["git", "ls-tree", "--name-only", f"{revision}:heatinv/lrp"], capture_output=True, text=True, check=True)
+    for name in (n[: -len(".py")] for n in listed.stdout.split() if n.endswith(".py")):
+        shown = subprocess.run(["git", "show", f"{revision}:heatinv/lrp/{name}.py"], capture_output=True, text=True, check=True)
+        with open(os.path.join(package, f"{name}.py"), "w") as f:
+            f.write(shown.stdout.replace("heatinv.lrp", "heatinv_before.lrp"))
     sys.path.insert(0, root)
     return importlib.import_module("heatinv_before.lrp")
 
