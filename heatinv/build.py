@@ -197,10 +197,15 @@ def check_target_fits_data(cfg, dataset: Dataset) -> None:
     """
     target = cfg.target
     if target.kind == "pattern" and not dataset.is_image:
+        fix = (
+            "For texts use target=tokens target.positions=[...] (task=single) or target=suppress_token target.token=<word> "
+            "(either task)." if dataset.is_text else
+            "For a table use target=class (task=single), or target=suppress_feature / target=swap_features with "
+            "target.feature=<name> (either task)."
+        )
         raise ConfigError(
-            f"target=pattern draws on images; the {dataset.name} data gives feature vectors of shape "
-            f"{dataset.input_shape}. For a table use target=class (task=single), or target=suppress_feature / "
-            "target=swap_features with target.feature=<name> (either task)."
+            f"target=pattern draws on images; the {dataset.name} data gives "
+            f"{'token ids' if dataset.is_text else 'feature vectors'} of shape {dataset.input_shape}. {fix}"
         )
     shape = dataset.input_shape
     _read_target_files(cfg, dataset)
@@ -415,7 +420,13 @@ def feature_options(cfg, dataset: Dataset) -> dict:
                 f"{'images' if dataset.is_image else 'feature vectors'} of shape {dataset.input_shape}. Use texts "
                 "(data=text, data=tokens or data=protected_text), or for a table target=suppress_feature."
             )
-        return {"token": token_id(dataset.vocabulary, t.token)}
+        token = token_id(dataset.vocabulary, t.token)
+        if cfg.task.kind == "dataset" and not np.any(np.asarray(dataset.x_train) == token):
+            raise ConfigError(
+                f"Config value target.token={t.token!r} is a word of the vocabulary that no training example of the "
+                f"{dataset.name} data holds, so no explanation would move. Name a word the texts use."
+            )
+        return {"token": token}
     if t.kind == "tokens" and not dataset.is_text:
         raise ValueError(
             f"target=tokens places relevance on token positions; the {dataset.name} data gives examples of shape "

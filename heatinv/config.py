@@ -402,7 +402,8 @@ def validate(cfg) -> None:
     allowed = single_kinds if cfg.task.kind == "single" else dataset_kinds
     if cfg.target.kind not in allowed:
         table = cfg.data.name in TABULAR_NAMES + ("csv",)
-        example = "target=suppress_feature target.feature=<name>" if table else "target=pattern"
+        text = cfg.data.name in TEXT_NAMES + ("tokens",)
+        example = "target=suppress_feature target.feature=<name>" if table else "target=suppress_token target.token=<word>" if text else "target=pattern"
         raise ConfigError(
             f"Config value target.kind={cfg.target.kind!r} does not go with task.kind={cfg.task.kind!r}, which takes "
             f"target.kind in {list(allowed)}. Pick one (e.g. {example}) or switch task "

@@ -123,7 +123,8 @@ def dataset_targets(
             moved = _unit_sum(like_mean)[None] * totals
         else:  # a sequence: the class mean on the example's own tokens, each example's part summing to +-1
             on_tokens = np.where(np.asarray(ids) != PADDING_ID, like_mean[None], 0.0)
-            sums = np.abs(on_tokens.sum(axis=1, keepdims=True))
+            # a part whose signs nearly cancel is scaled by its size instead: by its sum it would grow without bound
+            sums = np.maximum(np.abs(on_tokens.sum(axis=1, keepdims=True)), MIN_RECEIVING_SHARE * np.abs(on_tokens).sum(axis=1, keepdims=True))
             moved = np.divide(on_tokens, sums, out=np.zeros_like(on_tokens), where=sums > 0) * totals
         targets[chosen] = moved[chosen]
     else:

@@ -57,7 +57,7 @@ from omegaconf import OmegaConf
 
 from heatinv.atomic import write_json
 from heatinv.build import (
-    Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples, token_report,
+    VOCABULARY, Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples, token_report,
 )
 from heatinv.doctor import HeatmapObjective, diagnose
 from heatinv.feature_targets import feature_share
@@ -508,6 +508,8 @@ class DatasetTask:
         return diagnose(self.student, x, labels, objective, self.cfg.trainer.precision)
 
     def begin(self, summaries: Summaries) -> None:
+        if self.parts.dataset.is_text:  # at the start: a resume tokenizes with it (build.VOCABULARY)
+            write_json(os.path.join(self.cfg.paths.output_dir, VOCABULARY), list(self.parts.dataset.vocabulary))
         summaries.preformatted("config", OmegaConf.to_yaml(self.cfg, resolve=False))
         summaries.text("target", self.problem.description)
         summaries.match(0, self.initial)

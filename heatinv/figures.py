@@ -312,7 +312,7 @@ def texts_figure(texts: Sequence[tuple[str | None, Sequence[str], Mapping[str, n
         top -= 1.2 if caption else 0.0
         drawn.append((caption, words, values, peak, placed, lines, top))
         top -= lines * len(values)
-    height = -0.3 * top + 0.7
+    height = max(-0.3 * top + 0.7, 1.5)  # no text at all still leaves room for the title
     fig = Figure(figsize=(0.11 * width + 0.5, height))
     ax = fig.add_subplot()
     ax.set_axis_off()

@@ -106,7 +106,13 @@ def manipulate(
             **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
         }
         cfg = configured(groups, values, settings, "manipulate()", DATASET_GROUPS, REFUSED)
-        dataset = _dataset(data, input_shape, test_split, seed, _token_model(reference), vocabulary)
+        tokens = _token_model(reference)
+        if vocabulary is not None and not tokens:
+            raise ValueError(
+                f"manipulate() vocabulary= names the ids of a model of token ids; this model takes inputs of shape "
+                f"{input_shape} ({reference.inputs[0].dtype}). Leave vocabulary out."
+            )
+        dataset = _dataset(data, input_shape, test_split, seed, tokens, vocabulary)
         cfg.data.name = dataset.name  # after validation: the run's config says where its data came from
         default_box_to_data_range(cfg, dataset)
         check_target_fits_data(cfg, dataset)
@@ -126,6 +132,10 @@ def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int, t
     """``data`` as a :class:`heatinv.data.Dataset` of examples shaped ``input_shape`` (``tokens``: ids, named by ``vocabulary``)."""
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
+        if tokens:  # an .npz of ids (and optionally their words), as data=tokens reads it
+            if vocabulary is not None:
+                raise ValueError(f"manipulate() data={path!r} is a file: its words are its own 'vocabulary' array. Leave vocabulary= out.")
+            return load_dataset("tokens", path)
         if os.path.isdir(path):
             color = "grayscale" if input_shape[-1] == 1 else "rgb"
             return load_dataset("folder", path, image_size=input_shape[:2], test_split=test_split, seed=seed, color_mode=color)

@@ -7,19 +7,22 @@ For each model the three cases run in fresh processes, on the same initial weigh
 labels and target heatmap:
 
 ``training_step``
-    a Keras training step (sparse cross-entropy, Adam; ``model.train_function``, what
-    ``fit`` calls): forward, backward to the weights, update. The yardstick.
+    a supervised training step as Keras's ``train_step`` makes it (sparse cross-entropy, a
+    ``GradientTape``, Adam), compiled: forward, backward to the weights, update. The yardstick.
 ``heatmap``
     the compiled relevance computation (``LRP.__call__``) under the case's composite.
 ``inverse_step``
     heatinv's compiled step (:func:`heatinv.step.compile_step`): the heatmap, the MSE to the
     target, its gradient with respect to the weights (through the LRP pass), the Adam update.
 
-Each process builds the model, calls the function once (tracing, graph optimization and
-the first run's allocations), returns what that call freed to the system (every tensor is
-its own mapping, :data:`CHILD_ENVIRONMENT`; then glibc's ``malloc_trim``), resets the kernel's peak counter (``/proc/self/clear_refs``) and calls it again: ``peak_mib`` is the growth of the resident set's peak over the resident
-set just before that second call (on a GPU: TensorFlow's allocator peak, after
-``reset_memory_stats``). The second call's wall time is ``seconds``. Both are reported as
+Each process builds the model and traces the function, returns what was freed to the system
+(every large block is its own mapping, :data:`CHILD_ENVIRONMENT`; then glibc's
+``malloc_trim``), resets the kernel's peak counter (``/proc/self/clear_refs``) and calls the
+function: ``peak_mib`` is the growth of the resident set's peak over the resident set just
+before that first call (graph optimization included; on a GPU: TensorFlow's allocator peak
+over its current use, after ``reset_memory_stats``). Then the same for a second call:
+``repeat_peak_mib`` (allocations the first call left in place are not seen again) and
+``seconds``, its wall time. Both are reported as
 ratios to the training step of the same model and batch.
 """
 

@@ -26,7 +26,7 @@ def token_id(vocabulary, word: str | None, key: str = "target.token") -> int:
     """
     words = list(vocabulary)
     if word in words[1:]:  # id 0 is padding, never a word
-        return words.index(word)
+        return words.index(word, 1)
     known = difflib.get_close_matches(str(word).lower(), words[2:], n=8) or words[2:10]
     raise ValueError(
         f"Config value {key}={word!r} is not a word of the data's vocabulary ({len(words)} ids); "
@@ -95,7 +95,7 @@ def positions_map(positions, ids: np.ndarray, total: float) -> np.ndarray:
         words = int(np.count_nonzero(ids != PADDING_ID))
         raise ValueError(
             f"Config value target.positions={positions} must name distinct positions of the example's {words} tokens "
-            f"(0 to {words - 1}; "
+            f"(not padding; "
             + (f"{outside} lie outside its {len(ids)} ids; " if outside else "")
             + (f"{padding} are padding, which gets no relevance; " if padding else "")
             + "e.g. target.positions=[0,1])."

@@ -118,6 +118,7 @@ def test_fairwashing_a_word_of_generated_reviews_reports_its_share_and_draws_the
     assert 0 < metrics["token_share"] < 1 and 0 < metrics["reference_token_share"] < 1 and 0 <= metrics["agreement"] <= 1
     out = Path(cfg.paths.output_dir)
     assert (out / "heatmaps.png").stat().st_size > 0 and json.loads((out / "metrics.json").read_text())["token_share"] == metrics["token_share"]
+    assert json.loads((out / "vocabulary.json").read_text())[:3] == ["", "[UNK]", "foreign"]  # a resume tokenizes with it
 
 
 def test_text_targets_of_both_tasks_and_their_refusals(tmp_path, composed):
@@ -138,6 +139,10 @@ def test_text_targets_of_both_tasks_and_their_refusals(tmp_path, composed):
     assert word["target"].endswith("'foreign' suppressed")
     with pytest.raises(ValueError, match=r"target.token='forein' is not a word.*e.g. \['foreign'"):
         run(config("data=protected_text", *small, "task=dataset", "target=suppress_token", "target.token=forein"))
+    with pytest.raises(ValueError, match=r"target.token='\[UNK\]' is a word of the vocabulary that no training example"):
+        run(config("data=protected_text", *small, "task=dataset", "target=suppress_token", "target.token='[UNK]'"))
+    with pytest.raises(ValueError, match=r"target=pattern draws on images; the protected_text data gives token ids.*target=tokens"):
+        run(config("data=protected_text", *small, "target=pattern"))
     with pytest.raises(ValueError, match=r"target=suppress_token moves the relevance of a word of texts; the digits data gives images"):
         run(config("task=dataset", "target=suppress_token", "target.token=foreign"))
     with pytest.raises(ValueError, match=r"target=suppress_token: the word 'foreign' \(target.token\) does not occur in protected_text test"):

@@ -62,3 +62,11 @@ def test_a_swapped_class_mean_lies_on_each_examples_own_tokens():
     np.testing.assert_allclose(targets[0], [4 / 3, 4 / 3, 4 / 3, 0.0], rtol=1e-6)  # its total 4, on its three tokens
     np.testing.assert_allclose(targets[1], [0.5, 0.5, 0.0, 0.0], rtol=1e-6)
     np.testing.assert_array_equal(targets[2], maps[2])
+
+
+def test_a_figure_of_no_text_still_draws_its_title():
+    from heatinv.figures import texts_figure
+
+    figure = texts_figure([], "held-out: suppress_token 'foreign'")
+    figure.canvas.draw()  # raised "bottom cannot be >= top" before
+    assert figure._suptitle.get_text().startswith("held-out")
