@@ -46,8 +46,8 @@ from heatinv.startup import KNOWN_NOTICES
 SHRINK = ("debug=smoke", "trainer.steps=3")  # configs/debug/smoke.yaml, 3 steps
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HYDRA_FULL_ERROR": "0"}
 FINAL = ("objective", "cosine", "ssim", "pearson", "spearman", "loss", "student_accuracy", "success_rate", "agreement",
-         "feature_share", "steps")
-SINGLE_FINAL = tuple(name for name in FINAL if name not in ("success_rate", "agreement", "feature_share"))  # a single-task job's
+         "feature_share", "token_share", "steps")
+SINGLE_FINAL = tuple(name for name in FINAL if name not in ("success_rate", "agreement", "feature_share", "token_share"))  # a single-task job's
 
 
 def need(module: str, extra: str):
