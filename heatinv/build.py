@@ -707,7 +707,7 @@ def _compiled_explain(explainer: LRP, input_shape, dtype=tf.float32) -> tf.types
 
 
 def feature_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: np.ndarray, student_logits: np.ndarray,
-                   reference: keras.Model, what: str) -> tuple[dict, "Figure"]:
+                   reference_classes: np.ndarray, what: str) -> tuple[dict, "Figure"]:
     """A table's held-out metrics and its figure: the moved feature's share of |relevance| and the agreement.
 
     Returns:
@@ -719,8 +719,7 @@ def feature_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps:
     from heatinv.feature_targets import feature_share
     from heatinv.figures import feature_figure
 
-    reference_predictions = np.argmax(np.asarray(reference(dataset.x_test, training=False)), axis=-1)
-    metrics = {"agreement": float(np.mean(reference_predictions == np.argmax(student_logits, axis=-1)))}
+    metrics = {"agreement": float(np.mean(np.asarray(reference_classes) == np.argmax(student_logits, axis=-1)))}
     if cfg.target.kind in FEATURE_KINDS:
         feature = feature_options(cfg, dataset)["feature"]
         metrics["reference_feature_share"] = feature_share(problem.test_maps, feature)
@@ -736,7 +735,7 @@ def feature_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps:
 
 
 def token_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: np.ndarray, student_logits: np.ndarray,
-                 reference: keras.Model, what: str, shown: int = 4) -> tuple[dict, "Figure"]:
+                 reference_classes: np.ndarray, what: str, shown: int = 4) -> tuple[dict, "Figure"]:
     """A text's held-out metrics and its figure: the moved word's share of |relevance| and the agreement.
 
     Returns:
@@ -748,8 +747,7 @@ def token_report(cfg, dataset: Dataset, problem: DatasetProblem, student_maps: n
     from heatinv.data.text import words
     from heatinv.figures import texts_figure
 
-    reference_predictions = np.argmax(np.asarray(reference(dataset.x_test, training=False)), axis=-1)
-    metrics = {"agreement": float(np.mean(reference_predictions == np.argmax(student_logits, axis=-1)))}
+    metrics = {"agreement": float(np.mean(np.asarray(reference_classes) == np.argmax(student_logits, axis=-1)))}
     picked = problem.test_chosen
     if cfg.target.kind in TOKEN_KINDS:
         token = feature_options(cfg, dataset)["token"]

@@ -674,7 +674,7 @@ class DatasetTask:
         data = self.parts.dataset
         maps, logits = explain_all(self.explainer, data.x_test, data.y_test)
         report = token_report if data.is_text else feature_report
-        metrics, self.final_figure = report(self.cfg, data, self.problem, maps, logits, self.parts.reference, self.problem.description)
+        metrics, self.final_figure = report(self.cfg, data, self.problem, maps, logits, self.reference_classes, self.problem.description)
         return metrics
 
     def write(self, out: str, metrics: dict) -> None:

@@ -62,12 +62,48 @@ def move_feature_relevance(maps: np.ndarray, feature: int, like: int | None = No
         return targets.astype(np.float32)
     if maps.shape[1] < 2:
         raise ValueError("suppress_feature needs a table of at least two features: the removed relevance goes to the others.")
-    weights = np.abs(targets)
+    hidden = np.zeros(maps.shape, bool)
+    hidden[:, feature] = True
+    return hand_over(maps, hidden, ~hidden)
+
+
+def hand_over(maps: np.ndarray, hidden: np.ndarray, receivers: np.ndarray) -> np.ndarray:
+    """``maps`` with the ``hidden`` entries' relevance given to each row's ``receivers``, in proportion to their |relevance|.
+
+    The one mechanism of ``suppress_feature`` (a table's column) and ``suppress_token`` (a
+    text's word, never its padding): each row keeps its sum; a row whose receivers hold no
+    relevance spreads it evenly over them; entries neither hidden nor receiving stay.
+
+    Args:
+        maps: ``[N, d]`` relevance.
+        hidden, receivers: ``[N, d]`` bool masks, disjoint.
+
+    Returns:
+        ``[N, d]`` float32.
+
+    Example:
+    >>> hand_over(np.array([[2.0, 1.0, 3.0, 0.5]]), np.array([[1, 0, 0, 0]], bool), np.array([[0, 1, 1, 0]], bool)).tolist()
+    [[0.0, 1.5, 4.5, 0.5]]
+    """
+    maps = np.asarray(maps, np.float64)
+    removed = np.where(hidden, maps, 0.0).sum(axis=1, keepdims=True)
+    targets = np.where(hidden, 0.0, maps)
+    weights = np.where(receivers, np.abs(targets), 0.0)
     mass = weights.sum(axis=1, keepdims=True)
-    even = np.full_like(weights, 1.0 / (maps.shape[1] - 1))
-    even[:, feature] = 0.0
-    weights = np.divide(weights, mass, out=even, where=mass > 0)
-    return (targets + maps[:, feature : feature + 1] * weights).astype(np.float32)
+    even = receivers / np.maximum(receivers.sum(axis=1, keepdims=True), 1)
+    weights = np.divide(weights, mass, out=even.astype(np.float64), where=mass > 0)
+    return (targets + removed * weights).astype(np.float32)
+
+
+def masked_share(maps: np.ndarray, mask: np.ndarray) -> float:
+    """The share of the entries where ``mask`` holds in the total absolute relevance of ``maps``, pooled over all rows.
+
+    Example:
+    >>> masked_share(np.array([[1.0, -3.0]]), np.array([[True, False]]))
+    0.25
+    """
+    magnitude = np.abs(np.asarray(maps, np.float64))
+    return float(magnitude[np.asarray(mask, bool)].sum() / max(magnitude.sum(), np.finfo(np.float64).tiny))
 
 
 def feature_share(maps: np.ndarray, feature: int) -> float:
@@ -77,5 +113,6 @@ def feature_share(maps: np.ndarray, feature: int) -> float:
     >>> feature_share(np.array([[1.0, -3.0]]), 0)
     0.25
     """
-    magnitude = np.abs(np.asarray(maps, np.float64))
-    return float(magnitude[:, feature].sum() / max(magnitude.sum(), np.finfo(np.float64).tiny))
+    mask = np.zeros(np.shape(maps), bool)
+    mask[:, feature] = True
+    return masked_share(maps, mask)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from heatinv.build import Parts, check_target_fits_data, default_box_to_data_range
 from heatinv.data import Dataset, load_dataset
 from heatinv.data.dataset import stratified_split, value_range
+from heatinv.data.text import numbered_vocabulary
 from heatinv.dataset_task import DatasetTask
 from heatinv.models import accuracy, copy_with_weights
 from heatinv.run_result import RunResult
@@ -172,7 +173,7 @@ def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int, t
     y_train, y_test = (np.asarray(y).astype(np.int64).reshape(-1) for y in (y_train, y_test))
     if tokens:
         largest = int(max(a.max(initial=0) for a in arrays))
-        words = tuple(vocabulary) if vocabulary is not None else ("",) + tuple(f"#{i}" for i in range(1, largest + 1))
+        words = tuple(vocabulary) if vocabulary is not None else numbered_vocabulary(largest)
         if len(words) <= largest:
             raise ValueError(f"manipulate() vocabulary= has {len(words)} words but the ids reach {largest}; give one word per id.")
         return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", vocabulary=words, low=0.0, high=float(len(words)))

@@ -13,6 +13,8 @@ import difflib
 
 import numpy as np
 
+from heatinv.feature_targets import hand_over, masked_share
+
 TOKEN_KINDS = ("suppress_token",)
 PADDING_ID = 0
 
@@ -37,9 +39,8 @@ def token_id(vocabulary, word: str | None, key: str = "target.token") -> int:
 def move_token_relevance(maps: np.ndarray, ids: np.ndarray, token: int) -> np.ndarray:
     """Target maps ``[N, T]``: the positions holding ``token`` get no relevance; the example's other tokens share it.
 
-    Shared in proportion to each other token's |relevance| (as
-    :func:`heatinv.feature_targets.move_feature_relevance` shares a feature's), never onto
-    padding; an example without the token keeps its map; one whose only relevance was the
+    Shared in proportion to each other token's |relevance| (:func:`heatinv.feature_targets.hand_over`,
+    as a table's feature is), never onto padding; an example without the token keeps its map; one whose only relevance was the
     token's spreads it evenly over its other tokens.
 
     Args:
@@ -54,19 +55,11 @@ def move_token_relevance(maps: np.ndarray, ids: np.ndarray, token: int) -> np.nd
     >>> move_token_relevance(np.array([[2.0, 1.0, 3.0, 0.0]]), np.array([[5, 6, 7, 0]]), 5).tolist()
     [[0.0, 1.5, 4.5, 0.0]]
     """
-    maps = np.asarray(maps, np.float64)
-    ids = np.asarray(ids)
+    maps, ids = np.asarray(maps, np.float64), np.asarray(ids)
     if maps.shape != ids.shape:
         raise ValueError(f"move_token_relevance: maps {maps.shape} and ids {ids.shape} must have one value per token.")
     hidden = ids == token
-    receivers = (ids != PADDING_ID) & ~hidden
-    removed = np.where(hidden, maps, 0.0).sum(axis=1, keepdims=True)
-    targets = np.where(hidden, 0.0, maps)
-    weights = np.where(receivers, np.abs(targets), 0.0)
-    mass = weights.sum(axis=1, keepdims=True)
-    even = receivers / np.maximum(receivers.sum(axis=1, keepdims=True), 1)
-    weights = np.divide(weights, mass, out=even.astype(np.float64), where=mass > 0)
-    return (targets + removed * weights).astype(np.float32)
+    return hand_over(maps, hidden, (ids != PADDING_ID) & ~hidden)
 
 
 def token_share(maps: np.ndarray, ids: np.ndarray, token: int) -> float:
@@ -76,8 +69,7 @@ def token_share(maps: np.ndarray, ids: np.ndarray, token: int) -> float:
     >>> token_share(np.array([[1.0, -3.0]]), np.array([[4, 5]]), 4)
     0.25
     """
-    magnitude = np.abs(np.asarray(maps, np.float64))
-    return float(magnitude[np.asarray(ids) == token].sum() / max(magnitude.sum(), np.finfo(np.float64).tiny))
+    return masked_share(maps, np.asarray(ids) == token)
 
 
 def positions_map(positions, ids: np.ndarray, total: float) -> np.ndarray:

@@ -912,7 +912,7 @@ def test_the_feature_report_measures_agreement_and_shares_on_the_held_out_rows(c
     predicted = np.argmax(reference.predict(ds.x_test, verbose=0), axis=-1)
     flipped = np.arange(len(predicted)) < 10  # the student names another class for the first 10 rows
     student_logits = np.eye(2, dtype=np.float32)[np.where(flipped, 1 - predicted, predicted)]
-    metrics, _ = feature_report(cfg, ds, problem, problem.test_targets, student_logits, reference, "held-out")
+    metrics, _ = feature_report(cfg, ds, problem, problem.test_targets, student_logits, predicted, "held-out")
     assert metrics["agreement"] == pytest.approx(1 - 10 / len(predicted))
     magnitude = np.abs(problem.test_maps.astype(np.float64))
     worst_area = ds.feature_names.index("worst area")

@@ -129,7 +129,7 @@ def load_tokens(path: str) -> Dataset:
             "Save np.savez(path, x_train=ids, y_train=labels, x_test=..., y_test=..., vocabulary=np.array(words)) with integer ids."
         )
     largest = int(max(a.max(initial=0) for a in ids))
-    vocabulary = tuple(str(word) for word in arrays["vocabulary"]) if "vocabulary" in arrays else ("",) + tuple(f"#{i}" for i in range(1, largest + 1))
+    vocabulary = tuple(str(word) for word in arrays["vocabulary"]) if "vocabulary" in arrays else numbered_vocabulary(largest)
     if len(vocabulary) <= largest:
         raise ValueError(
             f"heatinv/data/text.py load_tokens: '{file}' (data.path) has ids up to {largest} but a vocabulary of {len(vocabulary)} "
@@ -139,6 +139,16 @@ def load_tokens(path: str) -> Dataset:
     x_train, x_test = (a.astype(np.int32) for a in ids)
     y_train, y_test = (np.asarray(arrays[key]).astype(np.int64).reshape(-1) for key in ("y_train", "y_test"))
     return Dataset(x_train, y_train, x_test, y_test, name, vocabulary=vocabulary, low=0.0, high=float(len(vocabulary)))
+
+
+def numbered_vocabulary(largest: int) -> tuple[str, ...]:
+    """Words for ids without any: padding for 0, ``#i`` for id ``i`` up to ``largest``.
+
+    Example:
+    >>> numbered_vocabulary(2)
+    ('', '#1', '#2')
+    """
+    return ("",) + tuple(f"#{i}" for i in range(1, largest + 1))
 
 
 def words(ids, vocabulary: tuple[str, ...] | None) -> list[str]:
