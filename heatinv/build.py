@@ -388,7 +388,7 @@ def explainer_for(model: keras.Model, cfg) -> LRP:
     shape = tuple(model.inputs[0].shape)
     summed = cfg.target.channels == "sum" and len(shape) == 4 and shape[-1] > 1
     explainer = ChannelSumLRP if summed else LRP
-    return explainer(model, c.composite, low=low, high=high, epsilon=c.epsilon, gamma=c.gamma, output=c.output)
+    return explainer(model, c.composite, low=low, high=high, epsilon=c.epsilon, gamma=c.gamma, output=c.output, recompute=c.recompute)
 
 
 def single_target(cfg, dataset: Dataset, reference: keras.Model) -> Target:

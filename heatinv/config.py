@@ -117,6 +117,7 @@ class LrpConfig:
     low: Optional[Any] = None  # zbox input range: a float or one per channel/feature (None: the data's range)
     high: Optional[Any] = None
     output: str = "logit"  # logit | activation
+    recompute: bool = False  # the conv rules run again in the gradient instead of keeping their intermediates: memory for time
 
 
 @dataclass

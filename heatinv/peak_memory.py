@@ -14,6 +14,9 @@ labels and target heatmap:
 ``inverse_step``
     heatinv's compiled step (:func:`heatinv.step.compile_step`): the heatmap, the MSE to the
     target, its gradient with respect to the weights (through the LRP pass), the Adam update.
+``inverse_step_recompute``
+    the same with ``LRP(..., recompute=True)`` (``lrp.recompute=true``): the conv rules run
+    again in the gradient instead of keeping their intermediates.
 
 Each process builds the model and traces the function, returns what was freed to the system
 (every large block is its own mapping, :data:`CHILD_ENVIRONMENT`; then glibc's
@@ -35,7 +38,7 @@ import subprocess
 import sys
 import time
 
-CASES = ("training_step", "heatmap", "inverse_step")
+CASES = ("training_step", "heatmap", "inverse_step", "inverse_step_recompute")
 CHILD_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "MALLOC_MMAP_THRESHOLD_": "65536"}
 """Each case's process: glibc serves every block of 64 KiB or more by its own mapping, returned to the
 system when freed. By default glibc raises that threshold after the first large free, and from then
@@ -121,9 +124,10 @@ def measure_one(model_name: str, case: str, batch: int, size: int, composite: st
         explainer = LRP(model, composite)
         function = tf.function(lambda x, y: tf.reduce_sum(explainer(x, y)), autograph=False)
         arguments = (x, y)
-    elif case == "inverse_step":
+    elif case in ("inverse_step", "inverse_step_recompute"):
         target = tf.constant(LRP(reference, composite)(x, y))
-        step = compile_step(model, LRP(model, composite), HeatmapMatch(heatmap_loss("mse")), make_optimizer("adam", 1e-3), "function")
+        explainer = LRP(model, composite, recompute=case == "inverse_step_recompute")
+        step = compile_step(model, explainer, HeatmapMatch(heatmap_loss("mse")), make_optimizer("adam", 1e-3), "function")
         step.parts[3].build(model.trainable_variables)
         function = step.function
         arguments = (x, y, target)

@@ -242,6 +242,34 @@ def test_eager_function_and_xla_agree(name, rng):
         np.testing.assert_allclose(c.numpy(), a.numpy(), rtol=1e-9, atol=1e-10 * scale)
 
 
+@pytest.mark.parametrize(
+    "name, composite",
+    [*[(name, "epsilon_gamma_box") for name in sorted(GRAPHS)], ("residual", "epsilon_alpha2_beta1"),
+     ("residual", {"first": None, "dense": "epsilon", "conv": "gamma"})],
+    ids=[*[f"{name}-epsilon_gamma_box" for name in sorted(GRAPHS)], "residual-epsilon_alpha2_beta1", "residual-gamma_on_the_input"],
+)
+def test_recompute_gives_the_same_heatmap_and_gradients(name, composite, rng):
+    model = graph(name)
+    kept, recomputed = LRP(model, composite), LRP(model, composite, recompute=True)
+    target_map = tf.constant(rng.normal(0, 0.05, (2, *model.input_shape[1:])))
+
+    def step(lrp, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = _loss(lrp, x, target_map)
+        return [lrp(x, [0, 2]), *tape.gradient(loss, model.trainable_variables + [x])]
+
+    # the signed batch takes the sign check's other branch on the first layer
+    for x in (tf.constant(inputs_for(model, rng)), tf.constant(inputs_for(model, rng, low=-1.0))):
+        want = step(kept, x)
+        modes = ({}, {"jit_compile": False}, {"jit_compile": True}) if composite == "epsilon_gamma_box" and name == "residual" else ({}, {})
+        for mode in modes:
+            got = step(recomputed, x) if mode is modes[0] else tf.function(step, **mode)(recomputed, x)
+            for a, b, variable in zip(want, got, ["heatmap", *[v.path for v in model.trainable_variables], "input"]):
+                scale = float(np.abs(a.numpy()).max())
+                np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-9, atol=1e-10 * scale, err_msg=f"{variable} {mode}")
+
+
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_conservation_without_biases(name, rng):
     """Without biases LRP-0 and every merge rule conserve: the heatmap sums to the logit.

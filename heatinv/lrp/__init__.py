@@ -94,6 +94,12 @@ class LRP:
         output: ``"logit"`` starts from the target's pre-activation score of the last layer
             (a final softmax or ReLU cannot zero the map); ``"activation"`` from its
             post-activation output.
+        recompute: for the gradient of the heatmap (the inverse step), keep only each conv
+            layer's input and relevance, and compute its rule again in the backward pass,
+            instead of keeping the rule's intermediates. The heatmap and its gradients are
+            the same; memory for time (ResNet50 at 224x224, batch 8, on a 2-core CPU: the
+            inverse step's peak 2.10x -> 1.30x a training step's, its time 1.19x). First-order
+            gradients only (``tf.recompute_grad``).
 
     Example:
     >>> lrp = LRP(model, composite="epsilon_plus")  # doctest: +SKIP
@@ -112,11 +118,13 @@ class LRP:
         alpha: float = 2.0,
         beta: float = 1.0,
         output: str = "logit",
+        recompute: bool = False,
     ):
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}.")
         self.model = model
         self.output = output
+        self.recompute = recompute
         self.steps = canonize(model)
         self.top = logit_step(self.steps)
         self.tokens = reads_tokens(self.steps)
@@ -148,7 +156,7 @@ class LRP:
         the dtype's range on its way back; traced (``tf.function``), it checks nothing.
         """
         x = model_input(x, self.model, tokens=self.tokens)
-        fwd = forward(self.steps, x, positive_product_steps(self.steps, self.composite))
+        fwd = forward(self.steps, x, () if self.recompute else positive_product_steps(self.steps, self.composite))
         mask = target_mask(target, fwd.logits)
         if self.output == "logit":
             entering, start = fwd.logits * mask, self.top
@@ -158,7 +166,7 @@ class LRP:
         if self.composite.first is not None and self.composite.first.name == "zbox" and not self.tokens:
             first = self.composite.first.keywords
             bounds = carry_bounds(self.steps, x, first.get("low", 0.0), first.get("high", 1.0))
-        R = backward(self.steps, fwd, entering, self.composite, start, bounds)
+        R = backward(self.steps, fwd, entering, self.composite, start, bounds, recompute=self.recompute)
         embedding = None
         if self.tokens:
             embedding, R = R, tf.reduce_sum(R, axis=-1)

@@ -452,12 +452,14 @@ def backward(
     composite: Composite,
     start: int,
     bounds: dict[int, tuple[tf.Tensor, tf.Tensor]] | None = None,
+    recompute: bool = False,
 ) -> tf.Tensor:
     """Propagate ``relevance`` from the output of ``steps[start]`` down to the input.
 
     Activations pass relevance unchanged, so relevance of a step's pre-activation (logits)
     and of its activation take the same walk. ``bounds`` (from :func:`carry_bounds`) give
-    the zbox rule of each first Linear step its input box.
+    the zbox rule of each first Linear step its input box. ``recompute``: the conv layers'
+    rules keep only their arguments for the gradient and run again in it (:func:`_recomputed`).
     """
     first = first_linear_steps(steps)
     nonnegative = nonnegative_steps(steps)
@@ -480,7 +482,7 @@ def backward(
         else:
             shares = _shares(
                 step, a, fwd.params[i], fwd.products[i], r, composite, i in first, bounds.get(i), nonnegative,
-                i in rectified, fwd.masks.get(i), fwd.positives.get(i), fwd.padding.get(i),
+                i in rectified, fwd.masks.get(i), fwd.positives.get(i), fwd.padding.get(i), recompute,
             )
         for source, share in zip(step.sources, shares):
             if share is not None:
@@ -499,12 +501,33 @@ def _input_like(steps: list[Step], fwd: Forward) -> tf.Tensor:
 
 
 def _when_relevance_arrives(a: tf.Tensor, relevance: tf.Tensor) -> tf.Tensor:
-    """``a``, read only once ``relevance`` exists: a rule's maps of ``a`` (``a W``, ``a W+``) then run
-    as the relevance pass reaches their layer. Without the dependency a graph runs each as soon
-    as the forward pass has made ``a``, and holds every layer's maps at once (ResNet50's heatmap
-    at 224x224, batch 8, under epsilon_gamma_box: 1,566 MiB, against 806 MiB for a training step)."""
+    """``a``, read only once ``relevance`` exists. A rule's maps of its input (``a W``, ``a W+``) and
+    what it makes of the forward pass's products then run as the relevance pass reaches their
+    layer. Without the dependency a graph runs each as soon as the forward pass has made its
+    operands, and holds every layer's at once: ResNet50's heatmap at 224x224, batch 8, under
+    epsilon_gamma_box took 1,566 MiB with none, 1,294 MiB with the input waiting, 1,186 MiB with
+    the products waiting too (a training step: 802 MiB)."""
     with tf.control_dependencies([relevance]):
         return tf.identity(a)
+
+
+def _recomputed(apply, a, kernel, bias, relevance, known: dict) -> tf.Tensor:
+    """``apply(a, kernel, bias, relevance, **known)``, its intermediates recomputed for the gradient instead of kept.
+
+    ``tf.recompute_grad`` keeps the arguments only and runs the rule again, under a tape, once
+    the gradient reaches it (it makes the recomputation wait for that gradient, in graphs and
+    under XLA). The forward pass's products are not passed: kept for the rule, they would stay
+    alive until its gradient; recomputed, they cost one map per layer.
+    """
+    tensors = {name: value for name, value in known.items() if tf.is_tensor(value)}
+    constants = {name: value for name, value in known.items() if name not in tensors}
+    names = list(tensors)
+
+    @tf.recompute_grad
+    def rule(a, kernel, bias, relevance, *values):
+        return apply(a, kernel, bias, relevance, **constants, **dict(zip(names, values)))
+
+    return rule(a, kernel, bias, relevance, *tensors.values())
 
 
 def _checking_the_sign(
@@ -530,26 +553,37 @@ def _checking_the_sign(
 def _shares(
     step: Step, a, params, product, relevance: tf.Tensor, composite: Composite, is_first: bool, box, nonnegative: set[int],
     rectified: bool, mask: tf.Tensor | None = None, positive: tf.Tensor | None = None, padding: tf.Tensor | None = None,
+    recompute: bool = False,
 ) -> list:
     """The relevance ``step`` hands to each of its sources (None: none); ``padding``: its input's Keras mask."""
     if isinstance(step, Linear):
         kernel, bias = params
         a = _when_relevance_arrives(a, relevance)
         rule = composite.rule_for(step.kind, is_first=is_first)
+        # Recomputed where the activations are large and the kernels small: a Dense layer's
+        # intermediates are a batch of vectors, and recomputing it would copy its kernel
+        # (VGG16's first: 392 MiB) for the gradient.
+        recomputed = recompute and step.kind == "conv"
         known = {}
-        if rule.takes_product:
-            known["product"] = product
+        if rule.takes_product and not recomputed:
+            known["product"] = _when_relevance_arrives(product, relevance)
         if box is not None and is_first and composite.first is not None and rule.name == "zbox":
             known.update(low=box[0], high=box[1])
         elif rule.takes_sign and step.sources[0] in nonnegative:
             known["nonnegative"] = True
             if positive is not None and rule.takes_positive:
-                known["positive"] = positive
+                known["positive"] = _when_relevance_arrives(positive, relevance)
         if rectified and rule.takes_rectified:
             known["rectified"] = True
-        if rule.takes_sign and is_first and "nonnegative" not in known:
-            return [_checking_the_sign(rule, a, kernel, bias, relevance, step, known, positive)]
-        return [rule(a, kernel, bias, relevance, step, **known)]
+
+        def apply(a, kernel, bias, relevance, **known):
+            if rule.takes_sign and is_first and "nonnegative" not in known:
+                return _checking_the_sign(rule, a, kernel, bias, relevance, step, known, positive)
+            return rule(a, kernel, bias, relevance, step, **known)
+
+        if recomputed:
+            return [_recomputed(apply, a, kernel, bias, relevance, known)]
+        return [apply(a, kernel, bias, relevance, **known)]
     if isinstance(step, Pool):
         if step.kind == "average":
             pool = step if padding is None else functools.partial(step, mask=padding)

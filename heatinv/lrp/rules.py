@@ -301,12 +301,16 @@ def gamma(
     if nonnegative:
         # a >= 0 splits a W into a W+ >= 0 and a W- = a W - a W+ <= 0: one map on top of the
         # forward pass's. z_up = a (W + gamma W+) + b_up, z_down = a (W + gamma W-) + b_down.
+        # Each output takes one side, so one ratio serves both: z_up where z > 0, z_down
+        # elsewhere (R masked to 0 where z = 0), split again for the two kernels. One
+        # denominator and one quotient kept for the gradient instead of two of each: on
+        # ResNet50's wide convs before each sum these were the inverse step's largest tensors.
         positive = _product(a, w_pos, layer, positive)
-        z_up = product + gamma * positive + bias_up
-        z_down = product + gamma * (product - positive) + bias_down
-        s_up = stabilized_ratio(tf.where(z > 0, relevance, tf.zeros_like(relevance)), z_up, STABILIZER)
-        s_down = stabilized_ratio(tf.where(z < 0, relevance, tf.zeros_like(relevance)), z_down, STABILIZER)
-        return a * transpose_sum(layer, [s_up, s_down], [up, down], a)
+        up_side = z > 0
+        z_side = product + gamma * tf.where(up_side, positive, product - positive) + tf.where(up_side, bias_up, bias_down)
+        zeros = tf.zeros_like(relevance)
+        s = stabilized_ratio(tf.where(up_side | (z < 0), relevance, zeros), z_side, STABILIZER)
+        return a * transpose_sum(layer, [tf.where(up_side, s, zeros), tf.where(up_side, zeros, s)], [up, down], a)
     r_pos = tf.where(z > 0, relevance, tf.zeros_like(relevance))
     r_neg = tf.where(z < 0, relevance, tf.zeros_like(relevance))
     return _split_contributions(a, r_pos, layer, up, down, bias_up, STABILIZER) + _split_contributions(
