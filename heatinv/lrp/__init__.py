@@ -98,7 +98,7 @@ class LRP:
             layer's input and relevance, and compute its rule again in the backward pass,
             instead of keeping the rule's intermediates. The heatmap and its gradients are
             the same; memory for time (ResNet50 at 224x224, batch 8, on a 2-core CPU: the
-            inverse step's peak 2.10x -> 1.30x a training step's, its time 1.19x). First-order
+            inverse step's peak 1.77x -> 1.30x a training step's, its time 1.31x). First-order
             gradients only (``tf.recompute_grad``).
 
     Example:
