@@ -443,7 +443,7 @@ def reference_model(
     (restored to the layer's own afterwards), and its moving statistics are then set to the
     population statistics of those training images under the final weights ("precise BN").
     Seeded and run with TensorFlow's op determinism, so the same call gives the same
-    weights on a machine with the same versions and CPU (see the README on what is not
+    weights on a machine with the same versions and CPU (see docs/manipulation.md on what is not
     bit-reproducible). The cache key covers the dataset, the architecture, the epochs, the
     seed and the recipe, so a changed config never reuses a stale model. ``weights`` (a local
     ``.weights.h5``, ``model.weights``) replaces the training: the architecture gets those weights.

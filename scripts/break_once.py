@@ -1,7 +1,7 @@
 """Break one documented behaviour at a time and check that a test notices.
 
 Each mutation replaces one line of the code or a config in this checkout, runs the tests that
-guard that behaviour, and puts the file back. A mutation whose tests still pass names a README
+guard that behaviour, and puts the file back. A mutation whose tests still pass names a documented
 statement no test checks. Run from the repository root with the package installed editable:
 
     python scripts/break_once.py            # every mutation

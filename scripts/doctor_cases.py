@@ -11,7 +11,7 @@
    prediction is [1.0, 2e-25] (VGG16 in the question; its weights cannot be downloaded
    here, so a small conv net with the same head stands in).
 
-Everything runs on the bundled digits data; the output is pasted in the README.
+Everything runs on the bundled digits data; the output is pasted in docs/doctor.md.
 """
 
 from __future__ import annotations

@@ -371,7 +371,7 @@ def test_digit7_default_run_reaches_the_readmes_near_1_cosine(tmp_path_factory, 
 
 
 def test_the_readmes_doctor_cases_are_what_the_script_prints(tmp_path):
-    """README ("Why are my gradients zero?") pastes ``python scripts/doctor_cases.py``'s output: it must still be that."""
+    """docs/doctor.md pastes ``python scripts/doctor_cases.py``'s output: it must still be that."""
     import os
     import pathlib
     import re
@@ -379,7 +379,7 @@ def test_the_readmes_doctor_cases_are_what_the_script_prints(tmp_path):
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    blocks = re.findall(r"```\n(Case \d.*?)```", (root / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```\n(Case \d.*?)```", (root / "docs" / "doctor.md").read_text(), re.S)
     assert len(blocks) == 3
     env = {**os.environ, "TMPDIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3"}  # the script caches its references there
     done = subprocess.run([sys.executable, str(root / "scripts" / "doctor_cases.py")], capture_output=True, text=True,
@@ -398,9 +398,9 @@ def test_the_readmes_doctor_cases_are_what_the_script_prints(tmp_path):
 
 
 def test_the_code_layout_names_every_module():
-    """Someone new finds each module in one guess: README's "Code layout" lists them all."""
+    """Someone new finds each module in one guess: CONTRIBUTING.md's "Code layout" lists them all."""
     root = Path(__file__).parents[1]
-    layout = (root / "README.md").read_text().split("## Code layout", 1)[1].split("```")[1]
+    layout = (root / "CONTRIBUTING.md").read_text().split("## Code layout", 1)[1].split("```")[1]
     modules = {path.name for path in (root / "heatinv").glob("*.py") if path.name != "__init__.py"}
     missing = sorted(name for name in modules if not re.search(rf"(?<![\w/]){re.escape(name)}|heatinv/{re.escape(name)}", layout))
-    assert not missing, f"README's code layout does not name {missing}"
+    assert not missing, f"CONTRIBUTING.md's code layout does not name {missing}"
