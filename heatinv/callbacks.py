@@ -21,6 +21,10 @@ failed (Hydra then skips ``on_multirun_end``): from an exit handler, with ``"fin
 :class:`EnvDefaults` (configured by ``configs/hydra/launcher/ray.yaml``) sets environment
 variables the launcher reads in the main process, e.g. ``RAY_AUTH_MODE=disabled`` so a local
 Ray writes no token into the home directory; variables already set are left alone.
+
+:class:`WorkerFolder` (configured in ``configs/hydra/default.yaml``): in a multi-worker job
+(``trainer.strategy=multi_worker``) a worker that is not the chief keeps Hydra's record and log
+out of the run directory, in a temporary folder removed when it exits.
 """
 
 from __future__ import annotations
@@ -34,14 +38,17 @@ import math
 import os
 import re
 import shlex
+import shutil
+import tempfile
 import time
 from typing import Any, Optional
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from heatinv.atomic import write_json
+from heatinv.cluster import NoClusterError, describe_cluster
 from heatinv.final_metrics import FINAL_METRICS
 from heatinv.job_log import DONE_MARK, FAILED_MARK, UNREAD_MARK
 from heatinv.wording import count, run_dir_override
@@ -61,6 +68,31 @@ class EnvDefaults(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         for key, value in self.env.items():
             os.environ.setdefault(key, value)
+
+
+class WorkerFolder(Callback):
+    """A multi-worker job's other workers: Hydra's ``.hydra/`` and log go to a temporary folder, not the run directory.
+
+    The run directory stays the chief's (``paths.output_dir``, where such a worker reads the
+    checkpoints a resume starts from); Hydra writes its record there before the job's code
+    runs, so the choice is made here, when the run starts.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if OmegaConf.select(config, "trainer.strategy") != "multi_worker":
+            return
+        try:
+            cluster = describe_cluster()
+        except NoClusterError:
+            return  # the job refuses to start and says what to set
+        if cluster.chief:
+            return
+        run_dir = str(config.hydra.run.dir)
+        scratch = tempfile.mkdtemp(prefix=f"heatinv-worker{cluster.index}-hydra-")
+        atexit.register(shutil.rmtree, scratch, True)
+        with open_dict(config):
+            config.paths.output_dir = run_dir
+            config.hydra.run.dir = scratch
 
 
 class SweepSummary(Callback):

@@ -135,7 +135,8 @@ class TrainerConfig:
     seed: int = 0
     jit_compile: Any = "auto"  # auto | true | false: XLA where it was measured faster (heatinv.step.auto_mode)
     precision: str = "float32"  # float32 | float64
-    strategy: str = "none"  # none | mirrored (task=dataset: one replica per GPU, tf.distribute.MirroredStrategy)
+    strategy: str = "none"  # none | mirrored | multi_worker (task=dataset: the GPUs of one machine; several machines, heatinv.cluster)
+    collective_timeout: float = 300.0  # multi_worker: seconds a step waits for the other workers before it stops the job
     steps_per_execution: int = 25  # updates per compiled call (one dispatch and host read per call)
     checkpoint_seconds: float = 60.0  # wall time between checkpoints (0: none by time)
     checkpoint_every: int = 0  # steps between checkpoints (0: none by steps; tests set it for known steps)
@@ -186,7 +187,7 @@ CHOICES = {
     "lrp.output": ("logit", "activation"),
     "optimizer.name": ("adam", "sgd"),
     "trainer.precision": ("float32", "float64"),
-    "trainer.strategy": ("none", "mirrored"),
+    "trainer.strategy": ("none", "mirrored", "multi_worker"),
     "trainer.jit_compile": ("auto", True, False),
 }
 
@@ -310,6 +311,10 @@ READ_ONLY_WHEN = (
         ("task.min_agreement", "task.max_accuracy_drop"), lambda c: c.task.kind == "dataset" and c.task.early_stopping,
         "task=dataset with task.early_stopping=true", ("task.kind", "task.early_stopping"),
     ),
+    ReadOnlyWhen(
+        ("trainer.collective_timeout",), lambda c: c.trainer.strategy == "multi_worker", "trainer.strategy=multi_worker",
+        ("trainer.strategy",),
+    ),
     ReadOnlyWhen(("data.image_size", "data.color_mode"), lambda c: c.data.name == "folder", "data=folder", ("data.name",)),
     ReadOnlyWhen(
         ("data.test_split",), lambda c: c.data.name in ("folder",) + TEXT_NAMES, "data=folder, data=text and data=protected_text", ("data.name",)
@@ -381,6 +386,11 @@ def validate(cfg) -> None:
     ):
         if _get(cfg, key) < 0:
             raise ConfigError(f"Config value {key}={_get(cfg, key)!r} must be >= 0 ({meaning}).")
+    if not cfg.trainer.collective_timeout > 0:
+        raise ConfigError(
+            f"Config value trainer.collective_timeout={cfg.trainer.collective_timeout!r} must be > 0 (seconds a step waits "
+            "for the other workers before the job stops), e.g. `trainer.collective_timeout=300`."
+        )
     if cfg.task.kind == "dataset":
         _check_objective_weights(cfg.task)
     for key, usual in (("lrp.epsilon", "1e-6"), ("lrp.gamma", "0.25")):
@@ -585,6 +595,7 @@ MAY_CHANGE_ON_RESUME = (
     "trainer.steps_per_execution",
     "trainer.jit_compile",
     "trainer.strategy",
+    "trainer.collective_timeout",
     "trainer.resume",
     "trainer.overwrite",
 )

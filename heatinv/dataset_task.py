@@ -37,7 +37,10 @@ update is applied to every copy of the weights. The update equals the single-dev
 batch size (``tf.nn.compute_average_loss``), and the heatmap loss's unit -- max |target|
 over the batch, a per-batch quantity -- is computed from the global batch in the input
 pipeline, before the split, and handed to each replica as a per-example column (see
-:func:`_with_batch_constants`).
+:func:`_with_batch_constants`). ``trainer.strategy=multi_worker`` runs the same over several
+processes or machines (``MultiWorkerMirroredStrategy``, :mod:`heatinv.cluster`): each worker
+takes its part of every global batch (the arrays sharded by data) and the same all-reduced
+update is applied on every worker.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from heatinv.atomic import write_json
+from heatinv.cluster import multi_worker_strategy
 from heatinv.build import (
     VOCABULARY, Parts, StreamedProblem, dataset_problem, explain_all, explainer_for, feature_options, feature_report, moved_examples, token_report,
 )
@@ -234,12 +238,15 @@ def mirrored_step(strategy, student, explainer, objective: Manipulation, optimiz
     return step
 
 
-def make_strategy(name: str):
-    """``None`` for ``none``; for ``mirrored`` a ``MirroredStrategy`` over every GPU, else every logical CPU."""
+def make_strategy(name: str, collective_timeout: float | None = None):
+    """``None`` for ``none``; for ``mirrored`` a ``MirroredStrategy`` over every GPU, else every logical CPU;
+    for ``multi_worker`` the process's ``MultiWorkerMirroredStrategy`` (:mod:`heatinv.cluster`)."""
     if name == "none":
         return None
+    if name == "multi_worker":
+        return multi_worker_strategy(collective_timeout)
     if name != "mirrored":
-        raise ValueError(f"Unknown strategy {name!r}; expected 'none' or 'mirrored'.")
+        raise ValueError(f"Unknown strategy {name!r}; expected 'none', 'mirrored' or 'multi_worker'.")
     devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
     return tf.distribute.MirroredStrategy([d.name for d in devices])
 
@@ -360,7 +367,7 @@ class DatasetTask:
         objective = Manipulation(
             per_example, cfg.loss.normalize, task.heatmap_weight, task.ce_weight, task.logit_weight, task.teacher, task.temperature
         )
-        self.strategy = make_strategy(cfg.trainer.strategy)
+        self.strategy = make_strategy(cfg.trainer.strategy, cfg.trainer.collective_timeout)
         self.student = parts.student  # the model the steps update: the student, or its copy under the strategy
         if self.strategy is None:
             self.optimizer = optimizer_from(cfg.optimizer, self._learning_rate())
@@ -371,7 +378,7 @@ class DatasetTask:
             )
             self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:
-            log.info(f"heatinv: {count(self.strategy.num_replicas_in_sync, 'replica')} (MirroredStrategy)")
+            log.info(f"heatinv: {count(self.strategy.num_replicas_in_sync, 'replica')} ({type(self.strategy).__name__})")
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
@@ -448,7 +455,12 @@ class DatasetTask:
         return tf.data.Dataset.from_tensor_slices(order).batch(size).map(gather)
 
     def _distributed(self, batches: tf.data.Dataset):
-        return self.strategy.experimental_distribute_dataset(batches.map(_with_batch_constants(self.cfg.loss.normalize)))
+        # Several workers each take their part of every global batch (sharded by data: the
+        # images are arrays in memory, there are no files to split).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        batches = batches.map(_with_batch_constants(self.cfg.loss.normalize)).with_options(options)
+        return self.strategy.experimental_distribute_dataset(batches)
 
     def evaluate(self) -> dict[str, float]:
         """The held-out metrics of :func:`evaluate`, one batch at a time; counts the manipulated images."""

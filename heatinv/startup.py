@@ -28,6 +28,8 @@ import sys
 import tempfile
 import threading
 
+from heatinv.cluster import asks_for_multi_worker
+
 KNOWN_NOTICES = re.compile(
     "|".join(
         (
@@ -63,6 +65,8 @@ def start_tensorflow(devices: bool = True) -> None:
         devices: also create the devices (the entry points). Without, only the import is quiet,
             so a program importing a heatinv module can still configure its devices.
     """
+    if asks_for_multi_worker(sys.argv):
+        devices = False  # a multi-worker job's devices start with its strategy (heatinv.cluster)
     imported_elsewhere = "tensorflow" in sys.modules and not _started["import"]
     if imported_elsewhere or _started["devices"] or (_started["import"] and not devices):
         return

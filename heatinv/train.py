@@ -15,8 +15,10 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
+import tempfile
 
 from heatinv.startup import start_tensorflow
 
@@ -26,6 +28,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from heatinv.build import Parts, build_parts  # noqa: E402
+from heatinv.cluster import WorkerLost, describe_cluster, multi_worker_strategy  # noqa: E402
 from heatinv.job_log import DONE_MARK  # noqa: E402
 from heatinv.checkpoints import (  # noqa: E402
     CHECKPOINTS,
@@ -75,13 +78,53 @@ def run(cfg) -> dict:
     >>> metrics = run(compose("train", overrides=["debug=smoke"]))  # doctest: +SKIP
     """
     validate(cfg)
+    if cfg.trainer.strategy == "multi_worker":
+        return _run_in_cluster(cfg)
     out = cfg.paths.output_dir
     os.makedirs(out, exist_ok=True)
     with held_run_directory(out):
         return _run_in(out, cfg)
 
 
-def _run_in(out: str, cfg) -> dict:
+def _run_in_cluster(cfg) -> dict:
+    """One worker's part of a multi-worker job: the chief runs in the run directory, the others beside it."""
+    import tensorflow as tf
+
+    cluster = describe_cluster()
+    log.info(f"heatinv: {cluster}")
+    multi_worker_strategy(cfg.trainer.collective_timeout)  # every worker waits here until all have joined
+    run_dir = cfg.paths.output_dir
+    try:
+        if cluster.chief:
+            os.makedirs(run_dir, exist_ok=True)
+            with held_run_directory(run_dir):
+                return _run_in(run_dir, cfg)
+        return _run_as_worker(cfg)
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError, tf.errors.AbortedError,
+            tf.errors.InternalError) as error:
+        raise WorkerLost(cluster, run_dir, cfg.trainer.collective_timeout, error) from error
+
+
+def _run_as_worker(cfg) -> dict:
+    """A worker that is not the chief: the same steps, its files in a temporary folder removed at the end.
+
+    On ``trainer.resume=true`` it starts from the chief's checkpoints (the run directory on a
+    file system the workers share), copied into that folder.
+    """
+    chief_out = cfg.paths.output_dir
+    scratch = tempfile.mkdtemp(prefix="heatinv-worker-")
+    try:
+        if cfg.trainer.resume:
+            shutil.copytree(os.path.join(chief_out, CHECKPOINTS), os.path.join(scratch, CHECKPOINTS))  # the run's config too
+        cfg.paths.output_dir = scratch
+        log.info(f"heatinv: this worker's files go to {scratch} (removed at the end); the chief writes {chief_out}")
+        with held_run_directory(scratch):
+            return _run_in(scratch, cfg, announce=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_in(out: str, cfg, announce: bool = True) -> dict:
     if cfg.trainer.resume and _in_sweep() and not _started(out):
         # Resuming a sweep finishes it: its jobs that never started start now, over anything
         # a start cut short before its first checkpoint wrote (TensorBoard's step-0 events).
@@ -94,7 +137,8 @@ def _run_in(out: str, cfg) -> dict:
     as_given = copy.deepcopy(cfg)
     log.info(f"heatinv: loading the {cfg.data.name} data and the {cfg.model.name} models")
     metrics = run_task(cfg, build_parts(cfg), changed, as_given)
-    announce_files(out)
+    if announce:
+        announce_files(out)
     return metrics
 
 
@@ -253,6 +297,9 @@ def _run_and_report(cfg: DictConfig) -> float:
             raise  # the whole sweep stops
         _error(f"heatinv: {_interrupted_outside_the_loop(cfg.paths.output_dir)}")
         sys.exit(128 + signal.SIGINT)
+    except WorkerLost as lost:
+        _error(f"heatinv: {lost}")
+        sys.exit(4)
     except GradientsVanished as stop:
         when = "before the first update" if stop.step == 0 else f"at step {stop.step}"
         _error(f"heatinv: stopped {when}.\n{stop}")
