@@ -378,7 +378,8 @@ class DatasetTask:
             )
             self.xla, self.xla_why = self.compiled.mode == "xla", self.compiled.why
         else:
-            log.info(f"heatinv: {count(self.strategy.num_replicas_in_sync, 'replica')} ({type(self.strategy).__name__})")
+            kind = {"mirrored": "MirroredStrategy", "multi_worker": "MultiWorkerMirroredStrategy"}[cfg.trainer.strategy]
+            log.info(f"heatinv: {count(self.strategy.num_replicas_in_sync, 'replica')} ({kind})")
             with self.strategy.scope():  # mirrored variables: the student's copy and the optimizer's slots
                 self.student = keras.models.clone_model(parts.student)
                 self.student.set_weights(parts.student.get_weights())
