@@ -7,7 +7,8 @@ launched, never from a file of heatinv's own:
 - ``TF_CONFIG`` (Kubernetes' TFJob, Ray Train's ``TensorflowTrainer``, or set by hand):
   ``{"cluster": {"worker": ["host0:port", "host1:port"]}, "task": {"type": "worker", "index": 0}}``;
 - Slurm, under ``srun`` (``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` of the job step): the
-  workers are the step's tasks, on ports from ``SLURM_PORT_BASE``'s value (default 8888).
+  workers are the step's tasks, on ports from ``SLURM_PORT_BASE``'s value (default 8888)
+  (:func:`cluster_resolver`).
 
 The chief (worker 0, or the task of type ``chief``) writes the run's files; every other
 worker runs the same steps and writes into a temporary folder removed at the end
@@ -120,11 +121,13 @@ def cluster_resolver(environ: Mapping[str, str] = os.environ):
     """TensorFlow's resolver for the cluster ``environ`` describes.
 
     ``TF_CONFIG``: ``TFConfigClusterResolver`` (it reads the process's own environment).
-    Slurm: the job step's tasks, on ports from ``SLURM_PORT_BASE`` (8888 unless set) counted up
-    per task on a node; where Slurm granted GPUs (``SLURM_GPUS_ON_NODE``) TensorFlow's
-    ``SlurmClusterResolver``, which also gives each task its share of them. Without GPUs that
-    resolver places no task (it divides the node's GPUs among them), so the same cluster is
-    given from Slurm's variables directly.
+    Slurm: the job step's tasks in Slurm's order (``SLURM_STEP_NODELIST``, each node's tasks
+    ``SLURM_STEP_TASKS_PER_NODE`` in a block, as Slurm's default distribution numbers them), on
+    ports from ``SLURM_PORT_BASE`` (8888 unless set) counted up per task on a node; the GPUs
+    are the ones Slurm gives each task (``--gpus-per-task``). TensorFlow's own
+    ``SlurmClusterResolver`` is not used: it sorts the nodes by name, which is not the order
+    Slurm numbers the tasks in (``node9`` before ``node10``), and it divides the node's GPUs
+    among the tasks itself, failing on nodes with fewer GPUs than tasks.
     """
     import tensorflow as tf
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import expand_hostlist, expand_tasks_per_node
@@ -133,13 +136,15 @@ def cluster_resolver(environ: Mapping[str, str] = os.environ):
     if cluster.source == "TF_CONFIG":
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     port_base = int(environ.get("SLURM_PORT_BASE", SLURM_PORT_BASE))
-    gpus = int(environ.get("SLURM_GPUS_ON_NODE", "0") or 0)
-    if gpus:
-        return tf.distribute.cluster_resolver.SlurmClusterResolver(port_base=port_base, gpus_per_node=gpus)
     hosts = expand_hostlist(environ["SLURM_STEP_NODELIST"])
     tasks = expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"])
-    # SlurmClusterResolver's order: the hosts sorted, each host's tasks on consecutive ports
-    workers = [f"{host}:{port_base + k}" for host, count in sorted(zip(hosts, tasks)) for k in range(count)]
+    workers = [f"{host}:{port_base + k}" for host, count in zip(hosts, tasks) for k in range(count)]
+    if len(workers) != cluster.workers:
+        raise NoClusterError(
+            f"Slurm's job step lists {len(workers)} tasks on its nodes (SLURM_STEP_NODELIST={environ['SLURM_STEP_NODELIST']}, "
+            f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']}) but has SLURM_STEP_NUM_TASKS={cluster.workers}; "
+            "start the workers with one srun over the allocation (srun python -m heatinv.train ...)."
+        )
     spec = tf.train.ClusterSpec({"worker": workers})
     return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="worker", task_id=cluster.index, rpc_layer="grpc")
 

@@ -107,6 +107,12 @@ def manipulate(
             **({"optimizer.lr": learning_rate} if learning_rate is not None else {}),
         }
         cfg = configured(groups, values, settings, "manipulate()", DATASET_GROUPS, REFUSED)
+        if cfg.trainer.strategy == "multi_worker":
+            raise ValueError(
+                "manipulate() strategy='multi_worker' is not available from Python: a multi-worker job starts its "
+                "strategy before TensorFlow's devices and has one process per worker. Run the dataset task on the "
+                "command line with trainer.strategy=multi_worker (docs/sweeps.md), or use strategy='mirrored' here."
+            )
         tokens = _token_model(reference)
         if vocabulary is not None and not tokens:
             raise ValueError(

@@ -112,6 +112,11 @@ def _run_as_worker(cfg) -> dict:
     file system the workers share), copied into that folder.
     """
     chief_out = cfg.paths.output_dir
+    # The chief's checks, read only: where the chief refuses to start, so does every worker
+    # (instead of building and then waiting for a chief that is gone).
+    guard_run_directory(chief_out, cfg.trainer.resume, cfg.trainer.overwrite)
+    if cfg.trainer.resume:
+        check_resumable(chief_out, cfg)
     scratch = tempfile.mkdtemp(prefix="heatinv-worker-")
     try:
         if cfg.trainer.resume:
@@ -120,7 +125,10 @@ def _run_as_worker(cfg) -> dict:
         log.info(f"heatinv: this worker's files go to {scratch} (removed at the end); the chief writes {chief_out}")
         with held_run_directory(scratch):
             return _run_in(scratch, cfg, announce=False)
+    except RunInterrupted as stopped:  # the chief's checkpoint is the one to resume from, not this folder's
+        raise RunInterrupted(chief_out, stopped.completed, f"(the chief's newest, in {chief_out})", stopped.signum) from None
     finally:
+        cfg.paths.output_dir = chief_out
         shutil.rmtree(scratch, ignore_errors=True)
 
 

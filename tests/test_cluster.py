@@ -54,33 +54,28 @@ def test_a_tf_config_that_is_no_cluster_is_refused_by_value(value, expected):
         describe_cluster({"TF_CONFIG": value})
 
 
-def test_slurm_variables_give_tensorflows_slurm_resolver_its_cluster(monkeypatch):
-    """The resolver TensorFlow's strategy gets under srun, from a faked job step of two nodes (no Slurm needed)."""
-    for key in ("TF_CONFIG", "SLURM_GPUS_ON_NODE", "SLURM_PORT_BASE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # TensorFlow's Slurm resolver sets it: put back afterwards
-    step = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "node[3-4]",
-            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "7"}
-    for key, value in step.items():
-        monkeypatch.setenv(key, value)
-    import os
-
-    resolver = cluster_resolver(os.environ)  # no GPUs: the cluster from Slurm's variables
-    assert resolver.cluster_spec().as_dict() == {"worker": ["node3:8888", "node4:8888"]}
-    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
-    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "2")  # GPUs: TensorFlow's own resolver, the same cluster
-    resolver = cluster_resolver(os.environ)
-    assert type(resolver).__name__ == "SlurmClusterResolver"
-    assert resolver.cluster_spec().as_dict() == {"worker": ["node3:8888", "node4:8888"]}
-    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+def test_slurm_variables_give_the_cluster_in_slurms_order():
+    """The resolver the strategy gets under srun, from a faked job step (no Slurm needed): the tasks in the
+    node list's order, as Slurm numbers them (node9 before node10, which a sort by name would swap)."""
+    step = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "node[9-10]",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "1"}
+    resolver = cluster_resolver(step)
+    assert resolver.cluster_spec().as_dict() == {"worker": ["node9:8888", "node10:8888"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 0)
 
 
-def test_two_tasks_on_one_slurm_node_listen_on_consecutive_ports(monkeypatch):
-    step = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "b1,a7",
+def test_two_tasks_on_one_slurm_node_listen_on_consecutive_ports():
+    step = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "b1,a7",
             "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_PORT_BASE": "9000"}
     resolver = cluster_resolver(step)
-    assert resolver.cluster_spec().as_dict() == {"worker": ["a7:9000", "b1:9000", "b1:9001"]}
-    assert resolver.task_id == 2
+    assert resolver.cluster_spec().as_dict() == {"worker": ["b1:9000", "b1:9001", "a7:9000"]}
+    assert resolver.task_id == 1
+
+
+def test_a_slurm_step_whose_counts_disagree_is_refused():
+    step = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    with pytest.raises(NoClusterError, match="lists 2 tasks .* SLURM_STEP_NUM_TASKS=4"):
+        cluster_resolver(step)
 
 
 def test_tf_config_gives_tensorflows_tf_config_resolver(monkeypatch):

@@ -77,6 +77,8 @@ def test_wrong_targets_and_data_are_refused_naming_them():
         heatinv.manipulate(reference, (x_train, np.eye(10)[y_train]), epochs=1)
     with pytest.raises(ConfigError, match=r"label=3 is not taken here: choose the classes that move with classes="):
         heatinv.manipulate(reference, (x_train, y_train), epochs=1, label=3)
+    with pytest.raises(ValueError, match=r"strategy='multi_worker' is not available from Python.*command line"):
+        heatinv.manipulate(reference, (x_train, y_train), epochs=1, strategy="multi_worker")
     with pytest.raises(ValueError, match=r"x_train holds examples of shape \(14, 14, 1\).*\(28, 28, 1\)"):
         heatinv.manipulate(reference, (x_train[:, ::2, ::2], y_train), epochs=1)
 

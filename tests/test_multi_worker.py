@@ -133,3 +133,14 @@ def test_multi_worker_without_a_cluster_exits_2_saying_what_to_set(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_environment(tmp_path), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "trainer.strategy=multi_worker needs the cluster" in done.stderr and "TF_CONFIG" in done.stderr
+
+
+@pytest.mark.slow
+def test_over_a_finished_run_every_worker_refuses_to_start(runs):
+    """The chief's directory checks hold for every worker: none builds and then waits for a chief that is gone."""
+    tmp, _ = runs
+    before = sorted(p.name for p in (tmp / "two_workers").iterdir())
+    for index, worker in enumerate(_two_workers(tmp, "two_workers")):
+        assert worker.returncode == 2, f"worker {index}:\n{worker.stderr[-3000:]}"
+        assert "already holds results" in worker.stderr, worker.stderr[-2000:]
+    assert sorted(p.name for p in (tmp / "two_workers").iterdir()) == before

@@ -4,8 +4,8 @@ Relevance flows from the explained output down the steps in reverse topological 
 where a tensor feeds several steps, the relevance they hand back to it is summed.
 
 Everything here is plain TensorFlow on the live variables, so the relevance is
-differentiable (to any order) with respect to the weights and the input, eagerly, under
-``tf.function`` and with XLA.
+differentiable (to any order; first order only with ``recompute``) with respect to the
+weights and the input, eagerly, under ``tf.function`` and with XLA.
 """
 
 from __future__ import annotations
