@@ -80,10 +80,14 @@ def run(cfg) -> dict:
     validate(cfg)
     if cfg.trainer.strategy == "multi_worker":
         return _run_in_cluster(cfg)
-    out = cfg.paths.output_dir
+    return _run_held(cfg.paths.output_dir, cfg)
+
+
+def _run_held(out: str, cfg, announce: bool = True) -> dict:
+    """The run in ``out``, which it holds (:func:`held_run_directory`) while it works."""
     os.makedirs(out, exist_ok=True)
     with held_run_directory(out):
-        return _run_in(out, cfg)
+        return _run_in(out, cfg, announce)
 
 
 def _run_in_cluster(cfg) -> dict:
@@ -95,11 +99,7 @@ def _run_in_cluster(cfg) -> dict:
     multi_worker_strategy(cfg.trainer.collective_timeout)  # every worker waits here until all have joined
     run_dir = cfg.paths.output_dir
     try:
-        if cluster.chief:
-            os.makedirs(run_dir, exist_ok=True)
-            with held_run_directory(run_dir):
-                return _run_in(run_dir, cfg)
-        return _run_as_worker(cfg)
+        return _run_held(run_dir, cfg) if cluster.chief else _run_as_worker(cfg)
     except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError, tf.errors.AbortedError,
             tf.errors.InternalError) as error:
         raise WorkerLost(cluster, run_dir, cfg.trainer.collective_timeout, error) from error
@@ -123,8 +123,7 @@ def _run_as_worker(cfg) -> dict:
             shutil.copytree(os.path.join(chief_out, CHECKPOINTS), os.path.join(scratch, CHECKPOINTS))  # the run's config too
         cfg.paths.output_dir = scratch
         log.info(f"heatinv: this worker's files go to {scratch} (removed at the end); the chief writes {chief_out}")
-        with held_run_directory(scratch):
-            return _run_in(scratch, cfg, announce=False)
+        return _run_held(scratch, cfg, announce=False)
     except RunInterrupted as stopped:  # the chief's checkpoint is the one to resume from, not this folder's
         raise RunInterrupted(chief_out, stopped.completed, f"(the chief's newest, in {chief_out})", stopped.signum) from None
     finally:
