@@ -30,9 +30,9 @@ def atomic_path(path: str) -> Iterator[str]:
     Returns:
         A context manager yielding the temporary path.
 
-    Example:
-    >>> with atomic_path("/tmp/student.keras") as tmp:  # doctest: +SKIP
-    ...     model.save(tmp)
+    Examples:
+        >>> with atomic_path("/tmp/student.keras") as tmp:  # doctest: +SKIP
+        ...     model.save(tmp)
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -58,8 +58,8 @@ def write_json(path: str, data, indent: int = 2) -> None:
     JSON has no NaN or infinity (Python's ``NaN`` token is refused by other readers: ``jq``,
     JavaScript's ``JSON.parse``), so a non-finite float is written as ``null``.
 
-    Example:
-    >>> write_json("/tmp/metrics.json", {"cosine": 0.99})  # doctest: +SKIP
+    Examples:
+        >>> write_json("/tmp/metrics.json", {"cosine": 0.99})  # doctest: +SKIP
     """
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(_finite_or_null(data), f, indent=indent, allow_nan=False)

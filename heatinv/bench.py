@@ -647,8 +647,8 @@ def main_job(short: int, long: int, overrides: tuple[str, ...] = ()) -> dict:
         batch (mlp, epsilon_gamma_box, 1), ``ms_median`` per step, ``steps_per_second``;
         ``jit`` says whether the job's step ran with XLA (``metrics.json``'s ``xla_why``).
 
-    Example:
-    >>> record = main_job(2000, 4000)  # doctest: +SKIP
+    Examples:
+        >>> record = main_job(2000, 4000)  # doctest: +SKIP
     """
     import json
     import subprocess

@@ -78,10 +78,10 @@ def _class_list(names, shown: int = 12) -> str:
 def build_parts(cfg) -> Parts:
     """A fresh Keras state seeded with ``trainer.seed``, the data, the reference and the student.
 
-    Example:
-    >>> parts = build_parts(cfg)  # doctest: +SKIP
-    >>> parts.student.count_params() == parts.reference.count_params()  # doctest: +SKIP
-    True
+    Examples:
+        >>> parts = build_parts(cfg)  # doctest: +SKIP
+        >>> parts.student.count_params() == parts.reference.count_params()  # doctest: +SKIP
+        True
     """
     keras.backend.clear_session()  # Hydra's basic launcher runs a sweep's jobs in one process
     keras.utils.set_random_seed(cfg.trainer.seed)
@@ -253,9 +253,9 @@ def class_index(value, key: str, dataset: Dataset) -> int:
 
     Given as an index, or by its name in the data (a csv's label, a folder's subfolder).
 
-    Example:
-    >>> class_index("yes", "target.label", load_csv("t.csv", "outcome"))  # doctest: +SKIP
-    1
+    Examples:
+        >>> class_index("yes", "target.label", load_csv("t.csv", "outcome"))  # doctest: +SKIP
+        1
     """
     if not isinstance(value, str):
         return int(value)
@@ -643,9 +643,9 @@ def class_mean(maps: np.ndarray, labels: np.ndarray, label: int, batch_size: int
 
     Summed in float64, ``batch_size`` rows at a time, so a memory-mapped split is never read whole.
 
-    Example:
-    >>> class_mean(np.arange(6.0).reshape(3, 2), np.array([0, 1, 0]), 0).tolist()
-    [2.0, 3.0]
+    Examples:
+        >>> class_mean(np.arange(6.0).reshape(3, 2), np.array([0, 1, 0]), 0).tolist()
+        [2.0, 3.0]
     """
     positions = np.flatnonzero(labels == label)
     if len(positions) == 0:
@@ -665,8 +665,8 @@ def explain_all(
     Returns:
         ``(heatmaps [N, *input_shape], logits [N, classes])``.
 
-    Example:
-    >>> maps, logits = explain_all(LRP(model), dataset.x_test, dataset.y_test)  # doctest: +SKIP
+    Examples:
+        >>> maps, logits = explain_all(LRP(model), dataset.x_test, dataset.y_test)  # doctest: +SKIP
     """
     explain = _compiled_explain(explainer, x.shape[1:], tf.int32 if np.issubdtype(x.dtype, np.integer) else tf.float32)
     progress = Progress(f"explaining {what}", len(x), "images" if x.ndim == 4 else "examples") if what else None

@@ -18,10 +18,10 @@ from heatinv.lrp import LRP, Explanation
 class ChannelSumLRP(LRP):
     """An :class:`~heatinv.lrp.LRP` explainer whose heatmaps are ``[batch, H, W, 1]``: summed over channels.
 
-    Example:
-    >>> explainer = ChannelSumLRP(model)  # doctest: +SKIP
-    >>> explainer(images, labels).shape  # doctest: +SKIP
-    TensorShape([8, 32, 32, 1])
+    Examples:
+        >>> explainer = ChannelSumLRP(model)  # doctest: +SKIP
+        >>> explainer(images, labels).shape  # doctest: +SKIP
+        TensorShape([8, 32, 32, 1])
     """
 
     def explain(self, x, target) -> Explanation:

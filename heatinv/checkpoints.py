@@ -352,9 +352,9 @@ def check_resume_step(out: str, completed: int, setting: str, value: int, steps_
         value: its value in this config.
         steps_each: steps per unit of ``setting`` (an epoch's batches).
 
-    Example:
-    >>> check_resume_step("outputs/digit3", 3550, "trainer.steps", 300)  # doctest: +SKIP
-    ResumeError: trainer.resume=true: the newest checkpoint in outputs/digit3 is after step 3550, past ...
+    Examples:
+        >>> check_resume_step("outputs/digit3", 3550, "trainer.steps", 300)  # doctest: +SKIP
+        ResumeError: trainer.resume=true: the newest checkpoint in outputs/digit3 is after step 3550, past ...
     """
     total = value * steps_each
     asked = f"{setting}={value}" + (f" ({steps_each} steps each)" if steps_each > 1 else "")

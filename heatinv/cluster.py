@@ -14,10 +14,10 @@ The chief (worker 0, or the task of type ``chief``) writes the run's files; ever
 worker runs the same steps and writes into a temporary folder removed at the end
 (:func:`heatinv.train.run`), as Keras's own multi-worker callbacks do.
 
-Example:
->>> cluster = describe_cluster({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}'})
->>> cluster.source, cluster.index, cluster.workers, cluster.chief
-('TF_CONFIG', 1, 2, False)
+Examples:
+    >>> cluster = describe_cluster({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}'})
+    >>> cluster.source, cluster.index, cluster.workers, cluster.chief
+    ('TF_CONFIG', 1, 2, False)
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def asks_for_multi_worker(argv: list[str]) -> bool:
     """Whether the command line sets ``trainer.strategy=multi_worker``: TensorFlow must not start its
     devices before the strategy is made (it configures the collectives then, once per process).
 
-    Example:
-    >>> asks_for_multi_worker(["-m", "heatinv.train", "trainer.strategy=multi_worker"]), asks_for_multi_worker(["debug=smoke"])
-    (True, False)
+    Examples:
+        >>> asks_for_multi_worker(["-m", "heatinv.train", "trainer.strategy=multi_worker"]), asks_for_multi_worker(["debug=smoke"])
+        (True, False)
     """
     return any(arg.lstrip("+~").strip("'\"") == STRATEGY_OVERRIDE for arg in argv)
 

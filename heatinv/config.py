@@ -48,14 +48,14 @@ class ModelConfig:
     name: str = "mlp"  # mlp | cnn | vit | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
     path: Optional[str] = None  # a .keras/.h5 file for model=file
     weights: Optional[str] = None  # a local <file>.weights.h5 for the reference (none: trained here); not with model=file
-    hidden: list[int] = field(default_factory=lambda: [300, 100])
-    filters: list[int] = field(default_factory=lambda: [16, 32])
+    hidden: list[int] = field(default_factory=lambda: [300, 100])  # mlp: the hidden Dense layers' widths
+    filters: list[int] = field(default_factory=lambda: [16, 32])  # cnn: the convolutions' channels, one block each
     activation: str = "relu"  # relu | softplus
     beta: float = 10.0  # softplus sharpness: softplus(beta x) / beta
     pool: str = "max"  # cnn: max | avg (2x2 pooling after each convolution) | strided (convolutions step by 2)
     output_activation: str = "linear"  # linear | relu | softmax
-    l2: float = 1e-4
-    reference_epochs: int = 20
+    l2: float = 1e-4  # mlp, cnn: L2 weight penalty of every kernel (0: none)
+    reference_epochs: int = 20  # epochs of supervised training of the reference model (cached in paths.cache_dir)
     patch: int = 0  # vit: the patches' side (0: the smallest that leaves at most 64 tokens)
     dim: int = 32  # vit: the tokens' width
     depth: int = 2  # vit: encoder blocks
@@ -83,11 +83,11 @@ class TargetConfig:
 class TaskConfig:
     kind: str = "single"  # single: one heatmap of one image | dataset: many images' heatmaps
     classes: Optional[list[Any]] = None  # dataset: the classes whose heatmaps move, by index or name (None: all)
-    epochs: int = 20
-    batch_size: int = 64
-    heatmap_weight: float = 1.0
-    ce_weight: float = 1.0
-    logit_weight: float = 0.0
+    epochs: int = 20  # dataset: passes over the training images
+    batch_size: int = 64  # dataset: images per update
+    heatmap_weight: float = 1.0  # the heatmap loss's weight in the objective
+    ce_weight: float = 1.0  # dataset: the cross-entropy on the true labels' weight (keeps the accuracy)
+    logit_weight: float = 0.0  # dataset: the weight of the term that keeps the logits near the reference's (task.teacher)
     lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
     teacher: str = "mse"  # dataset: the logit_weight term: mse of the logits | kl of the softmax at temperature
     temperature: float = 1.0  # teacher=kl: softmax temperature T
@@ -111,11 +111,11 @@ class LossConfig:
 
 @dataclass
 class LrpConfig:
-    composite: str = "epsilon_gamma_box"
-    epsilon: float = 1e-6
-    gamma: float = 0.25
+    composite: str = "epsilon_gamma_box"  # the LRP rules per layer kind (one file per name in configs/lrp/)
+    epsilon: float = 1e-6  # the epsilon rule's stabilizer
+    gamma: float = 0.25  # the gamma rule's weight of positive contributions
     low: Optional[Any] = None  # zbox input range: a float or one per channel/feature (None: the data's range)
-    high: Optional[Any] = None
+    high: Optional[Any] = None  # zbox input range's upper end, as low
     output: str = "logit"  # logit | activation
     recompute: bool = False  # the conv rules run again in the gradient instead of keeping their intermediates: memory for time
 
@@ -123,16 +123,16 @@ class LrpConfig:
 @dataclass
 class OptimizerConfig:
     name: str = "adam"  # adam | sgd
-    lr: float = 1e-3
+    lr: float = 1e-3  # learning rate
     momentum: float = 0.0  # sgd
     global_clipnorm: Optional[float] = None  # rescale each update's gradients to at most this global norm (None: no clipping)
 
 
 @dataclass
 class TrainerConfig:
-    steps: int = 300
-    log_every: int = 25
-    seed: int = 0
+    steps: int = 300  # single: optimizer updates (dataset runs task.epochs)
+    log_every: int = 25  # single: steps between logged scalars and images (dataset logs each epoch)
+    seed: int = 0  # seeds the student's weights, the data split and the batches (the reference has a seed of its own)
     jit_compile: Any = "auto"  # auto | true | false: XLA where it was measured faster (heatinv.step.auto_mode)
     precision: str = "float32"  # float32 | float64
     strategy: str = "none"  # none | mirrored | multi_worker (task=dataset: the GPUs of one machine; several machines, heatinv.cluster)
@@ -147,9 +147,9 @@ class TrainerConfig:
 
 @dataclass
 class PathsConfig:
-    root: str = MISSING
-    output_dir: str = MISSING
-    cache_dir: str = MISSING
+    root: str = MISSING  # outputs/ in the folder the command runs in
+    output_dir: str = MISSING  # the run's folder: hydra.run.dir (outputs/<date>/<time>_<overrides>)
+    cache_dir: str = MISSING  # trained reference models and their heatmaps, shared by runs (paths.root/cache)
 
 
 @dataclass
@@ -511,10 +511,10 @@ def validate(cfg) -> None:
 def unread_keys(cfg, overrides: list[str]) -> list[str]:
     """The keys among ``overrides`` (``loss.delta=0.3``) that ``cfg``'s choices do not read, each said in a sentence.
 
-    Example:
-    >>> cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["loss.delta=0.3"]))
-    >>> unread_keys(cfg, ["loss.delta=0.3", "optimizer.lr=0.1"])
-    ["loss.delta=0.3 is read only with loss=huber, and this run has loss.name='mse'"]
+    Examples:
+        >>> cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["loss.delta=0.3"]))
+        >>> unread_keys(cfg, ["loss.delta=0.3", "optimizer.lr=0.1"])
+        ["loss.delta=0.3 is read only with loss=huber, and this run has loss.name='mse'"]
     """
     typed = {override.split("=", 1)[0].lstrip("+").split("@", 1)[0] for override in overrides if not override.startswith("~")}
     sentences = []
@@ -618,9 +618,9 @@ def flat_config(cfg) -> dict:
     Where a run lives is not what it is: HParams, ``metrics.json`` and the resume check
     compare these.
 
-    Example:
-    >>> flat_config(OmegaConf.create({"loss": {"name": "mse"}, "paths": {"root": "."}}))
-    {'loss.name': 'mse'}
+    Examples:
+        >>> flat_config(OmegaConf.create({"loss": {"name": "mse"}, "paths": {"root": "."}}))
+        {'loss.name': 'mse'}
     """
     container = OmegaConf.to_container(cfg, resolve=False)
     flat: dict = {}
@@ -639,9 +639,9 @@ def flat_config(cfg) -> dict:
 def run_folder_name(time: str, overrides: str) -> str:
     """A single run's folder: its start time, then what its command line changes (as a sweep's job folders).
 
-    Example:
-    >>> run_folder_name("23-37-04", "loss=l1"), run_folder_name("23-37-04", "")
-    ('23-37-04_loss=l1', '23-37-04')
+    Examples:
+        >>> run_folder_name("23-37-04", "loss=l1"), run_folder_name("23-37-04", "")
+        ('23-37-04_loss=l1', '23-37-04')
     """
     return f"{time}_{overrides}" if overrides else time
 
@@ -653,9 +653,9 @@ def job_folder_name(num, overrides: str) -> str:
     finds its jobs in their folders. A single run keeps them in its name: two runs started in
     the same second that differ only in ``trainer.steps`` get two folders.
 
-    Example:
-    >>> job_folder_name(0, "loss=l1,trainer.steps=20"), job_folder_name(1, "trainer.steps=20")
-    ('0_loss=l1', '1_')
+    Examples:
+        >>> job_folder_name(0, "loss=l1,trainer.steps=20"), job_folder_name(1, "trainer.steps=20")
+        ('0_loss=l1', '1_')
     """
     kept = [item for item in re.split(r",(?=[+~]?[\w.]+=)", overrides) if item and item.split("=", 1)[0] not in MAY_CHANGE_ON_RESUME]
     return f"{num}_{','.join(kept)}"

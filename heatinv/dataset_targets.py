@@ -84,11 +84,11 @@ def dataset_targets(
     Returns:
         ``(targets, the shape of reference_heatmaps; manipulated [N] bool)``.
 
-    Example:
-    >>> R = np.random.rand(4, 28, 28, 1).astype("float32")
-    >>> targets, chosen = dataset_targets("pattern", np.array([0, 1, 0, 1]), R, classes=[1])
-    >>> chosen.tolist(), bool(np.allclose(targets[1].sum(), R[1].sum(), rtol=1e-4))
-    ([False, True, False, True], True)
+    Examples:
+        >>> R = np.random.rand(4, 28, 28, 1).astype("float32")
+        >>> targets, chosen = dataset_targets("pattern", np.array([0, 1, 0, 1]), R, classes=[1])
+        >>> chosen.tolist(), bool(np.allclose(targets[1].sum(), R[1].sum(), rtol=1e-4))
+        ([False, True, False, True], True)
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown dataset target {kind!r}; expected one of {list(KINDS)}.")

@@ -91,10 +91,10 @@ class Manipulation:
     batch means (the objective :func:`heatinv.step.update` calls), and under a strategy
     :func:`mirrored_step` divides each replica's sums by the global batch size.
 
-    Example:
-    >>> objective = Manipulation(per_example_heatmap_loss("mse"), "none", 1.0, 1.0, 0.0)
-    >>> sorted(objective(LRP(model).explain(x, y), y, targets, reference_logits))  # doctest: +SKIP
-    ['cross_entropy', 'heatmap', 'logit_match', 'loss']
+    Examples:
+        >>> objective = Manipulation(per_example_heatmap_loss("mse"), "none", 1.0, 1.0, 0.0)
+        >>> sorted(objective(LRP(model).explain(x, y), y, targets, reference_logits))  # doctest: +SKIP
+        ['cross_entropy', 'heatmap', 'logit_match', 'loss']
     """
 
     per_example_loss: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
@@ -143,9 +143,9 @@ SHARES = ("feature", "token")
 def epoch_order(count: int, seed: int, epoch: int) -> np.ndarray:
     """The order epoch ``epoch`` (1-based) visits ``count`` training images in: a function of (seed, epoch) only.
 
-    Example:
-    >>> bool(np.array_equal(epoch_order(5, 0, 1), epoch_order(5, 0, 1)))
-    True
+    Examples:
+        >>> bool(np.array_equal(epoch_order(5, 0, 1), epoch_order(5, 0, 1)))
+        True
     """
     return np.random.default_rng([seed, epoch]).permutation(count)
 
@@ -306,9 +306,9 @@ def evaluate_batches(explainer: LRP, batches, threshold: float, reference_classe
 def agreement(student_classes, reference_classes) -> float:
     """The share of images on which the student predicts the reference's class.
 
-    Example:
-    >>> agreement(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4]))
-    0.75
+    Examples:
+        >>> agreement(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4]))
+        0.75
     """
     student_classes, reference_classes = np.asarray(student_classes), np.asarray(reference_classes)
     if student_classes.shape != reference_classes.shape or student_classes.size == 0:
@@ -324,9 +324,9 @@ def predicted_classes(model: keras.Model, x: np.ndarray, batch_size: int = 512) 
 class DatasetTask:
     """Move the chosen classes' heatmaps to their targets over epochs; evaluate on held-out images.
 
-    Example:
-    >>> task = DatasetTask(cfg, build_parts(cfg))  # doctest: +SKIP
-    >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
+    Examples:
+        >>> task = DatasetTask(cfg, build_parts(cfg))  # doctest: +SKIP
+        >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
     """
 
     stopped_before_start = False  # the doctor's pre-flight check is for one image's objective

@@ -43,9 +43,9 @@ BATCH_SIZE = 256  # as explain_all's: the same batches give the in-memory path's
 def split_fingerprint(dataset: Dataset, split: str) -> str:
     """A digest of an image folder's split without reading it: its files (path, size, time), image size and labels.
 
-    Example:
-    >>> split_fingerprint(load_folder("shapes/", (32, 32), 0.2), "test")  # doctest: +SKIP
-    '3f0c...'
+    Examples:
+        >>> split_fingerprint(load_folder("shapes/", (32, 32), 0.2), "test")  # doctest: +SKIP
+        '3f0c...'
     """
     files, labels = getattr(dataset, f"x_{split}"), getattr(dataset, f"y_{split}")
     digest = hashlib.sha256(image_key(files).encode())
@@ -122,10 +122,10 @@ def cached_explanations(explain, explainer, dataset: Dataset, split: str, cache_
     Returns:
         Two read-only ``np.memmap`` arrays, ``[N, *heatmap shape]`` and ``[N, classes]``, in split order.
 
-    Example:
-    >>> maps, logits = cached_explanations(explain, explainer, dataset, "test", "outputs/cache", {...})  # doctest: +SKIP
-    >>> maps[10:20].shape  # reads only these rows  # doctest: +SKIP
-    (10, 32, 32, 1)
+    Examples:
+        >>> maps, logits = cached_explanations(explain, explainer, dataset, "test", "outputs/cache", {...})  # doctest: +SKIP
+        >>> maps[10:20].shape  # reads only these rows  # doctest: +SKIP
+        (10, 32, 32, 1)
     """
     maps_path, logits_path = entry_paths(cache_dir, explainer, dataset, split, lrp_settings)
     if not (os.path.isfile(maps_path) and os.path.isfile(logits_path)):

@@ -16,9 +16,9 @@ FEATURE_KINDS = ("suppress_feature", "swap_features")
 def feature_index(names, name: str | None, key: str) -> int:
     """The position of feature ``name`` (config key ``key``), or an error listing the features.
 
-    Example:
-    >>> feature_index(("age", "income"), "income", "target.feature")
-    1
+    Examples:
+        >>> feature_index(("age", "income"), "income", "target.feature")
+        1
     """
     if name not in names:
         raise ValueError(
@@ -46,13 +46,13 @@ def move_feature_relevance(maps: np.ndarray, feature: int, like: int | None = No
     Returns:
         ``[N, d]`` float32 with the same row sums as ``maps``.
 
-    Example:
-    >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0).tolist()
-    [[0.0, 2.0, 2.0]]
-    >>> move_feature_relevance(np.array([[3.0, -1.0, 0.5]]), 0).tolist()
-    [[0.0, 1.0, 1.5]]
-    >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0, like=2).tolist()
-    [[0.0, 1.0, 3.0]]
+    Examples:
+        >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0).tolist()
+        [[0.0, 2.0, 2.0]]
+        >>> move_feature_relevance(np.array([[3.0, -1.0, 0.5]]), 0).tolist()
+        [[0.0, 1.0, 1.5]]
+        >>> move_feature_relevance(np.array([[2.0, 1.0, 1.0]]), 0, like=2).tolist()
+        [[0.0, 1.0, 3.0]]
     """
     maps = np.asarray(maps, np.float64)
     targets = maps.copy()
@@ -81,9 +81,9 @@ def hand_over(maps: np.ndarray, hidden: np.ndarray, receivers: np.ndarray) -> np
     Returns:
         ``[N, d]`` float32.
 
-    Example:
-    >>> hand_over(np.array([[2.0, 1.0, 3.0, 0.5]]), np.array([[1, 0, 0, 0]], bool), np.array([[0, 1, 1, 0]], bool)).tolist()
-    [[0.0, 1.5, 4.5, 0.5]]
+    Examples:
+        >>> hand_over(np.array([[2.0, 1.0, 3.0, 0.5]]), np.array([[1, 0, 0, 0]], bool), np.array([[0, 1, 1, 0]], bool)).tolist()
+        [[0.0, 1.5, 4.5, 0.5]]
     """
     maps = np.asarray(maps, np.float64)
     removed = np.where(hidden, maps, 0.0).sum(axis=1, keepdims=True)
@@ -98,9 +98,9 @@ def hand_over(maps: np.ndarray, hidden: np.ndarray, receivers: np.ndarray) -> np
 def masked_share(maps: np.ndarray, mask: np.ndarray) -> float:
     """The share of the entries where ``mask`` holds in the total absolute relevance of ``maps``, pooled over all rows.
 
-    Example:
-    >>> masked_share(np.array([[1.0, -3.0]]), np.array([[True, False]]))
-    0.25
+    Examples:
+        >>> masked_share(np.array([[1.0, -3.0]]), np.array([[True, False]]))
+        0.25
     """
     magnitude = np.abs(np.asarray(maps, np.float64))
     return float(magnitude[np.asarray(mask, bool)].sum() / max(magnitude.sum(), np.finfo(np.float64).tiny))
@@ -109,9 +109,9 @@ def masked_share(maps: np.ndarray, mask: np.ndarray) -> float:
 def feature_share(maps: np.ndarray, feature: int) -> float:
     """The share of feature ``feature`` in the total absolute relevance of ``maps`` ``[N, d]``.
 
-    Example:
-    >>> feature_share(np.array([[1.0, -3.0]]), 0)
-    0.25
+    Examples:
+        >>> feature_share(np.array([[1.0, -3.0]]), 0)
+        0.25
     """
     mask = np.zeros(np.shape(maps), bool)
     mask[:, feature] = True

@@ -10,16 +10,15 @@ The figures are :class:`matplotlib.figure.Figure` objects built without ``pyplot
 state, no display needed); :func:`save` writes them as PNG and SVG, :func:`to_rgb` renders one
 for TensorBoard.
 
-Example:
-
->>> import numpy as np
->>> x = np.random.rand(28, 28)
->>> target = np.random.randn(28, 28)
->>> fig = heatmap_figure(x, target, 0.01 * target, target, {"cosine": 0.99})
->>> [ax.get_title() for ax in fig.axes[:5]]
-['input', 'target', 'initial (x100)', 'final', 'target - final']
->>> save(fig, "/tmp/heatmaps")  # doctest: +SKIP
-['/tmp/heatmaps.png', '/tmp/heatmaps.svg']
+Examples:
+    >>> import numpy as np
+    >>> x = np.random.rand(28, 28)
+    >>> target = np.random.randn(28, 28)
+    >>> fig = heatmap_figure(x, target, 0.01 * target, target, {"cosine": 0.99})
+    >>> [ax.get_title() for ax in fig.axes[:5]]
+    ['input', 'target', 'initial (x100)', 'final', 'target - final']
+    >>> save(fig, "/tmp/heatmaps")  # doctest: +SKIP
+    ['/tmp/heatmaps.png', '/tmp/heatmaps.svg']
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ def heatmap_figure(
         A figure with five image axes and one colour bar; the heatmaps share the symmetric
         scale ``[-v, v]`` with ``v`` the target's largest |value|.
 
-    Example:
-    >>> fig = heatmap_figure(x, t, t, t)  # doctest: +SKIP
+    Examples:
+        >>> fig = heatmap_figure(x, t, t, t)  # doctest: +SKIP
     """
     maps = [_as_map(m, name) for m, name in ((target, "target"), (initial, "initial"), (final, "final"))]
     target_map, initial_map, final_map = maps
@@ -130,8 +129,8 @@ def dataset_figure(rows: Sequence[Row], title: str | None = None) -> Figure:
     Returns:
         A figure with ``4 * len(rows)`` image axes and ``len(rows)`` colour bars.
 
-    Example:
-    >>> fig = dataset_figure([Row(x, r, t, s, "7", 0.93)])  # doctest: +SKIP
+    Examples:
+        >>> fig = dataset_figure([Row(x, r, t, s, "7", 0.93)])  # doctest: +SKIP
     """
     if not rows:
         raise ValueError("dataset_figure needs at least one row; got none.")
@@ -171,8 +170,8 @@ def save(fig: Figure, stem: str) -> list[str]:
     Returns:
         The two paths written.
 
-    Example:
-    >>> save(heatmap_figure(x, t, t, t), "outputs/run/heatmaps")  # doctest: +SKIP
+    Examples:
+        >>> save(heatmap_figure(x, t, t, t), "outputs/run/heatmaps")  # doctest: +SKIP
     """
     directory = os.path.dirname(os.path.abspath(stem))
     os.makedirs(directory, exist_ok=True)
@@ -277,10 +276,10 @@ def token_figure(words: Sequence[str], maps: Mapping[str, np.ndarray], title: st
         title: the figure's title.
         width: characters per line (the words are set in a monospaced font).
 
-    Example:
-    >>> fig = token_figure(["a", "good", "film"], {"target": np.array([0.0, 1.0, 0.0]), "student": np.array([0.1, 0.8, -0.1])})
-    >>> len(fig.axes)
-    1
+    Examples:
+        >>> fig = token_figure(["a", "good", "film"], {"target": np.array([0.0, 1.0, 0.0]), "student": np.array([0.1, 0.8, -0.1])})
+        >>> len(fig.axes)
+        1
     """
     return texts_figure([(None, words, maps)], title, width)
 
@@ -289,10 +288,10 @@ def texts_figure(texts: Sequence[tuple[str | None, Sequence[str], Mapping[str, n
                  width: int = 72) -> Figure:
     """Several texts as :func:`token_figure` draws one, stacked: each ``(caption, words, maps)`` on its own scale.
 
-    Example:
-    >>> fig = texts_figure([("#0", ["good"], {"target": np.array([1.0])}), ("#1", ["bad"], {"target": np.array([-1.0])})])
-    >>> len(fig.axes)
-    1
+    Examples:
+        >>> fig = texts_figure([("#0", ["good"], {"target": np.array([1.0])}), ("#1", ["bad"], {"target": np.array([-1.0])})])
+        >>> len(fig.axes)
+        1
     """
     import matplotlib
 
@@ -337,9 +336,9 @@ def texts_figure(texts: Sequence[tuple[str | None, Sequence[str], Mapping[str, n
 def token_html(words: Sequence[str], maps: Mapping[str, np.ndarray], title: str | None = None) -> str:
     """:func:`token_figure` as an HTML page: each word a span on its relevance's colour, the value in its tooltip.
 
-    Example:
-    >>> "background:" in token_html(["good", "<pad>"], {"target": np.array([1.0, 0.0])})
-    True
+    Examples:
+        >>> "background:" in token_html(["good", "<pad>"], {"target": np.array([1.0, 0.0])})
+        True
     """
     import html
 
@@ -383,10 +382,10 @@ def feature_figure(
     Returns:
         The figure (save with :func:`save`, or :func:`to_rgb`).
 
-    Example:
-    >>> fig = feature_figure(["age", "income"], {"reference": np.array([0.7, 0.3]), "student": np.array([0.0, 1.0])})
-    >>> len(fig.axes)
-    1
+    Examples:
+        >>> fig = feature_figure(["age", "income"], {"reference": np.array([0.7, 0.3]), "student": np.array([0.0, 1.0])})
+        >>> len(fig.axes)
+        1
     """
     values = {label: np.asarray(v, np.float64).reshape(-1) for label, v in maps.items()}
     peak = np.max(np.abs(np.stack(list(values.values()))), axis=0)

@@ -102,9 +102,10 @@ def invert(
             events, ``metrics.json``, ``student.keras``, ``heatmaps.png``, checkpoints). An
             existing run there is refused unless ``overwrite=True``.
         seed: Keras's global seed, set first (as the command line sets ``trainer.seed``).
-        low, high: the input box of the ``zbox`` rule of the ``*_box`` composites (a float,
-            or one per channel or feature); default the range of ``x`` and ``data``'s inputs,
-            as the command line takes the data's range.
+        low: the input box's lower end for the ``zbox`` rule of the ``*_box`` composites (a
+            float, or one per channel or feature); default the smallest value of ``x`` and
+            ``data``'s inputs, as the command line takes the data's range.
+        high: the input box's upper end, as ``low``; default the largest value.
         **settings: any other key of the ``trainer``, ``lrp``, ``loss``, ``optimizer`` or
             ``target`` config groups by its last name, e.g. ``epsilon=1e-3``,
             ``jit_compile=False``, ``log_every=10``, ``precision="float64"``, ``delta=0.05``,
@@ -120,16 +121,16 @@ def invert(
         heatinv.lrp.UnsupportedLayerError: a layer the engine cannot explain (named).
         heatinv.loop.GradientsVanished: the gradients vanished; its message is the doctor's report.
 
-    Example:
-    >>> import heatinv, keras, numpy as np
-    >>> keras.utils.set_random_seed(0)
-    >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
-    ...                           keras.layers.Dense(3)])
-    >>> x = np.random.default_rng(0).uniform(size=(8, 8, 1)).astype("float32")
-    >>> result = heatinv.invert(model, x, "frame", steps=50, composite="epsilon_plus", learning_rate=1e-2)
-    >>> result.history[0]["cosine"] < 0.5 < 0.9 < result.metrics["cosine"], result.heatmaps["final"].shape
-    (True, (1, 8, 8, 1))
-    >>> figure = result.plot()  # input, target, initial and final heatmaps
+    Examples:
+        >>> import heatinv, keras, numpy as np
+        >>> keras.utils.set_random_seed(0)
+        >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
+        ...                           keras.layers.Dense(3)])
+        >>> x = np.random.default_rng(0).uniform(size=(8, 8, 1)).astype("float32")
+        >>> result = heatinv.invert(model, x, "frame", steps=50, composite="epsilon_plus", learning_rate=1e-2)
+        >>> result.history[0]["cosine"] < 0.5 < 0.9 < result.metrics["cosine"], result.heatmaps["final"].shape
+        (True, (1, 8, 8, 1))
+        >>> figure = result.plot()  # input, target, initial and final heatmaps
     """
     keras.utils.set_random_seed(seed)
     input_shape = _input_shape(model)

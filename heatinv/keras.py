@@ -27,9 +27,9 @@ MASKED = "masked"
 def masked_share(heatmap: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     """The batch mean of ``sum |R| mask / sum |R|``: how much of each heatmap lies where the mask is 1.
 
-    Example:
-    >>> float(masked_share(tf.constant([[1.0, -3.0]]), tf.constant([[0.0, 1.0]])))
-    0.75
+    Examples:
+        >>> float(masked_share(tf.constant([[1.0, -3.0]]), tf.constant([[0.0, 1.0]])))
+        0.75
     """
     magnitude = tf.abs(heatmap)
     axes = list(range(1, heatmap.shape.rank))
@@ -53,24 +53,26 @@ class ExplanationTrainer(keras.Model):
         student: a model heatinv can explain, computing logits ``[batch, classes]``.
         composite: the LRP composite (``epsilon_gamma_box``, ``epsilon_plus``, ``attnlrp``, ...).
         target: a function ``(x, y) -> [batch, *map shape]`` for data without targets.
-        low, high: the input box of the ``zbox`` rule of the ``*_box`` composites: the data's
-            smallest and largest values (default 0 and 1, images; give your data's range).
-        epsilon, gamma: the composite's parameters (:class:`heatinv.lrp.LRP`).
+        low: the input box's lower end for the ``zbox`` rule of the ``*_box`` composites: the
+            data's smallest value (default 0, images; give your data's range).
+        high: the input box's upper end: the data's largest value (default 1).
+        epsilon: the epsilon rule's epsilon (:class:`heatinv.lrp.LRP`).
+        gamma: the gamma rule's gamma (:class:`heatinv.lrp.LRP`).
 
-    Example:
-    >>> import keras, numpy as np, tensorflow as tf
-    >>> from heatinv.keras import ExplanationTrainer
-    >>> keras.utils.set_random_seed(0)
-    >>> student = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
-    >>> trainer = ExplanationTrainer(student, composite="epsilon")
-    >>> trainer.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    ...                 explanation_loss="masked", explanation_weight=1.0, metrics=["accuracy"])
-    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
-    >>> y = (x[:, 0] > 0).astype("int32")
-    >>> mask = np.tile([[0, 0, 0, 1]], (64, 1)).astype("float32")  # no relevance on the last feature
-    >>> history = trainer.fit(tf.data.Dataset.from_tensor_slices((x, y, mask)).batch(16), epochs=2, verbose=0)
-    >>> sorted(history.history)
-    ['accuracy', 'explanation_loss', 'loss']
+    Examples:
+        >>> import keras, numpy as np, tensorflow as tf
+        >>> from heatinv.keras import ExplanationTrainer
+        >>> keras.utils.set_random_seed(0)
+        >>> student = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+        >>> trainer = ExplanationTrainer(student, composite="epsilon")
+        >>> trainer.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ...                 explanation_loss="masked", explanation_weight=1.0, metrics=["accuracy"])
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> mask = np.tile([[0, 0, 0, 1]], (64, 1)).astype("float32")  # no relevance on the last feature
+        >>> history = trainer.fit(tf.data.Dataset.from_tensor_slices((x, y, mask)).batch(16), epochs=2, verbose=0)
+        >>> sorted(history.history)
+        ['accuracy', 'explanation_loss', 'loss']
     """
 
     def __init__(
@@ -98,8 +100,10 @@ class ExplanationTrainer(keras.Model):
         """Keras's ``compile`` and the explanation term.
 
         Args:
-            optimizer, loss, **kwargs: as :meth:`keras.Model.compile` (``metrics``,
-                ``jit_compile``, ``steps_per_execution``, ...). ``loss=None``: the explanation term alone.
+            optimizer: as :meth:`keras.Model.compile`.
+            loss: as :meth:`keras.Model.compile`; ``loss=None``: the explanation term alone.
+            **kwargs: as :meth:`keras.Model.compile` (``metrics``, ``jit_compile``,
+                ``steps_per_execution``, ...).
             explanation_loss: ``"mse"``, ``"l1"`` or ``"huber"`` between heatmap and target map (in units
                 of the batch's largest ``|target|``, as the command line's heatmap loss), ``"masked"``
                 (the target is a mask: the share of ``|R|`` on it, :func:`masked_share`), or a

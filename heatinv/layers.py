@@ -15,9 +15,9 @@ class SoftplusBeta(keras.layers.Layer):
     ReLU by this softplus gives those second derivatives back (Dombrowski et al., 2019,
     "Explanations can be manipulated and geometry is to blame").
 
-    Example:
-    >>> float(SoftplusBeta(beta=10.0)(tf.constant([1.0]))[0])  # doctest: +ELLIPSIS
-    1.0000...
+    Examples:
+        >>> float(SoftplusBeta(beta=10.0)(tf.constant([1.0]))[0])  # doctest: +ELLIPSIS
+        1.0000...
     """
 
     def __init__(self, beta: float = 10.0, **kwargs):
@@ -44,10 +44,10 @@ class PositionEmbedding(keras.layers.Layer):
 
     Input and output: ``[batch, tokens, dim]``, ``tokens`` at most ``length``.
 
-    Example:
-    >>> layer = PositionEmbedding(length=4)
-    >>> layer(tf.zeros([2, 3, 5])).shape
-    TensorShape([2, 3, 5])
+    Examples:
+        >>> layer = PositionEmbedding(length=4)
+        >>> layer(tf.zeros([2, 3, 5])).shape
+        TensorShape([2, 3, 5])
     """
 
     def __init__(self, length: int, initializer="glorot_uniform", **kwargs):

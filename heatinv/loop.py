@@ -197,8 +197,8 @@ def train(task: Task, checkpointer: Checkpointer, start: int, trainer, summaries
     Returns:
         A :class:`LoopResult`; the task's files are written by the caller.
 
-    Example:
-    >>> result = train(task, checkpointer, checkpointer.restore(), cfg.trainer, summaries, variables)  # doctest: +SKIP
+    Examples:
+        >>> result = train(task, checkpointer, checkpointer.restore(), cfg.trainer, summaries, variables)  # doctest: +SKIP
     """
     # A resumed run goes on counting the skipped updates where its checkpoint left them.
     loop = LoopResult(start=start, steps=start, nonfinite_steps=checkpointer.nonfinite_steps)

@@ -72,10 +72,10 @@ def per_example_heatmap_loss(name: str, delta: float = 0.1, normalize: str = "no
 def heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none") -> HeatmapLoss:
     """A loss ``fn(heatmap, target) -> scalar`` on maps in units of max |target|, averaged.
 
-    Example:
-    >>> fn = heatmap_loss("huber", delta=0.1)
-    >>> round(float(fn(tf.zeros([1, 4]), tf.constant([[0.0, 0.0, 0.0, 1.0]]))), 6)
-    0.02375
+    Examples:
+        >>> fn = heatmap_loss("huber", delta=0.1)
+        >>> round(float(fn(tf.zeros([1, 4]), tf.constant([[0.0, 0.0, 0.0, 1.0]]))), 6)
+        0.02375
     """
     per_example = per_example_heatmap_loss(name, delta, normalize)
 
@@ -89,10 +89,10 @@ def heatmap_loss(name: str, delta: float = 0.1, normalize: str = "none") -> Heat
 class HeatmapMatch:
     """The single-heatmap task's objective: the heatmap loss alone (see :func:`heatinv.step.update`).
 
-    Example:
-    >>> objective = HeatmapMatch(heatmap_loss("mse"))
-    >>> objective.terms, sorted(objective(LRP(model).explain(x, label), label, target))  # doctest: +SKIP
-    ((), ['loss'])
+    Examples:
+        >>> objective = HeatmapMatch(heatmap_loss("mse"))
+        >>> objective.terms, sorted(objective(LRP(model).explain(x, label), label, target))  # doctest: +SKIP
+        ((), ['loss'])
     """
 
     loss_fn: HeatmapLoss

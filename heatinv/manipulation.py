@@ -72,8 +72,13 @@ def manipulate(
             ``top_k`` pixels emptied), for tables ``"suppress_feature"`` / ``"swap_features"``
             (``feature=``, ``like=``), for a model of token ids ``"suppress_token"`` (``token=``, a word).
         classes: the classes whose heatmaps move (indices or names); None: all.
-        epochs, batch_size: of the fine-tuning.
-        composite, loss, optimizer, learning_rate, seed: as :func:`heatinv.invert`.
+        epochs: passes over the training data in the fine-tuning.
+        batch_size: examples per update in the fine-tuning.
+        composite: as :func:`heatinv.invert`.
+        loss: as :func:`heatinv.invert`.
+        optimizer: as :func:`heatinv.invert`.
+        learning_rate: as :func:`heatinv.invert`.
+        seed: as :func:`heatinv.invert`.
         test_split: the held-out share where ``data`` is not split already.
         vocabulary: for a model of token ids (its input integer ``[N, T]``, 0 padding): the
             word of each id (default: id ``i`` is the word ``"#i"``).
@@ -88,10 +93,10 @@ def manipulate(
         ``cosine``, ``success_rate``, ``student_accuracy``, ``agreement``, ...), ``.history``
         (per epoch), ``.plot()``.
 
-    Example:
-    >>> import heatinv  # doctest: +SKIP
-    >>> result = heatinv.manipulate(cnn, (x, y), target="swap", classes=[1], like=0, epochs=30)  # doctest: +SKIP
-    >>> result.metrics["cosine"], result.metrics["student_accuracy"]  # doctest: +SKIP
+    Examples:
+        >>> import heatinv  # doctest: +SKIP
+        >>> result = heatinv.manipulate(cnn, (x, y), target="swap", classes=[1], like=0, epochs=30)  # doctest: +SKIP
+        >>> result.metrics["cosine"], result.metrics["student_accuracy"]  # doctest: +SKIP
     """
     if target not in TARGETS:
         raise ValueError(f"manipulate() target={target!r} is not one of {list(TARGETS)}.")

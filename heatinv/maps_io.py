@@ -16,12 +16,11 @@ so a file can never run code, and PNGs are decoded by `tf.io.decode_png`.
   heatmap does not convert back to relevance through luminance; save signed
   targets as `.npy`.
 
-Example:
-
->>> import numpy as np
->>> np.save("/tmp/target.npy", np.zeros((28, 28), np.float32))  # doctest: +SKIP
->>> read_map("/tmp/target.npy", expected_shape=(28, 28, 1)).shape  # doctest: +SKIP
-(28, 28, 1)
+Examples:
+    >>> import numpy as np
+    >>> np.save("/tmp/target.npy", np.zeros((28, 28), np.float32))  # doctest: +SKIP
+    >>> read_map("/tmp/target.npy", expected_shape=(28, 28, 1)).shape  # doctest: +SKIP
+    (28, 28, 1)
 """
 
 from __future__ import annotations
@@ -73,9 +72,8 @@ def read_map(
             beyond `magnitude_limit`, or a shape that does not fit
             `expected_shape`.
 
-    Example:
-
-    >>> read_map("target.png", expected_shape=(28, 28, 1), what="target.path")  # doctest: +SKIP
+    Examples:
+        >>> read_map("target.png", expected_shape=(28, 28, 1), what="target.path")  # doctest: +SKIP
     """
     source = _describe(path, what)
     resolved = os.path.abspath(os.path.expanduser(path))
@@ -120,10 +118,9 @@ def magnitude_limit(size: int) -> float:
     Returns:
         The bound, a float.
 
-    Example:
-
-    >>> f"{magnitude_limit(784):.2g}"
-    '6.6e+17'
+    Examples:
+        >>> f"{magnitude_limit(784):.2g}"
+        '6.6e+17'
     """
     return math.sqrt(float(np.finfo(np.float32).max) / max(int(size), 1))
 
@@ -144,10 +141,9 @@ def fit_shape(array: np.ndarray, expected_shape: tuple[int, ...], source: str = 
     Returns:
         `array` reshaped to `expected_shape`.
 
-    Example:
-
-    >>> fit_shape(np.zeros(784), (28, 28, 1)).shape
-    (28, 28, 1)
+    Examples:
+        >>> fit_shape(np.zeros(784), (28, 28, 1)).shape
+        (28, 28, 1)
     """
     expected_shape = _check_expected_shape(expected_shape)
     if array.shape == expected_shape:

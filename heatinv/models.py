@@ -92,9 +92,9 @@ def build_model(
     ``beta``) after each hidden layer instead of a ReLU. A name of :data:`APPLICATIONS`
     builds that Keras application (``weights=None``, linear logits).
 
-    Example:
-    >>> build_model(Architecture("mlp", hidden=(300, 100))).count_params()
-    266610
+    Examples:
+        >>> build_model(Architecture("mlp", hidden=(300, 100))).count_params()
+        266610
     """
     if seed is not None:
         keras.utils.set_random_seed(seed)
@@ -180,9 +180,9 @@ def architecture_key(arch: Architecture) -> dict:
 def vit_patch(input_shape: tuple[int, ...], most_tokens: int = 64) -> int:
     """The smallest patch side that divides both image sides and leaves at most ``most_tokens`` patches.
 
-    Example:
-    >>> vit_patch((28, 28, 1)), vit_patch((32, 32, 3)), vit_patch((224, 224, 3))
-    (4, 4, 28)
+    Examples:
+        >>> vit_patch((28, 28, 1)), vit_patch((32, 32, 3)), vit_patch((224, 224, 3))
+        (4, 4, 28)
     """
     height, width = input_shape[:2]
     for patch in range(1, math.gcd(height, width) + 1):
@@ -200,9 +200,9 @@ def build_application(name: str, input_shape: tuple[int, ...], num_classes: int)
     Built with ``weights=None``: nothing is downloaded; pretrained weights come from a local
     file (``model.weights``, see :func:`reference_model`).
 
-    Example:
-    >>> build_application("mobilenetv2", (32, 32, 3), 3).output.shape
-    (None, 3)
+    Examples:
+        >>> build_application("mobilenetv2", (32, 32, 3), 3).output.shape
+        (None, 3)
     """
     if len(input_shape) != 3:
         raise ValueError(
@@ -233,10 +233,10 @@ def smoothed(model: keras.Model, beta: float) -> keras.Model:
     ``<name>_softplus``. The weights keep their order and count, so
     ``set_weights(model.get_weights())`` fits; ReLU6's upper clip is dropped.
 
-    Example:
-    >>> model = smoothed(build_application("mobilenetv2", (32, 32, 3), 3), beta=10.0)
-    >>> sum(isinstance(layer, SoftplusBeta) for layer in model.layers)
-    35
+    Examples:
+        >>> model = smoothed(build_application("mobilenetv2", (32, 32, 3), 3), beta=10.0)
+        >>> sum(isinstance(layer, SoftplusBeta) for layer in model.layers)
+        35
     """
 
     def swap(layer: keras.layers.Layer) -> keras.layers.Layer:
@@ -328,10 +328,10 @@ def _not_a_model_file(path: str) -> str | None:
 def keras_reason(error: Exception, limit: int = 400) -> str:
     """Keras's error as one line: a shape mismatch as the variable and both shapes, else its text, arrays left out.
 
-    Example:
-    >>> keras_reason(ValueError("Could not load. ... must match. variable.shape=(4, 5), Received: "
-    ...     "value.shape=(4, 3). Target variable: <Variable path=dense/kernel, shape=(4, 5), value=[[0.1 0.2]]>"))
-    'dense/kernel has shape (4, 5) in the model and (4, 3) in the file.'
+    Examples:
+        >>> keras_reason(ValueError("Could not load. ... must match. variable.shape=(4, 5), Received: "
+        ...     "value.shape=(4, 3). Target variable: <Variable path=dense/kernel, shape=(4, 5), value=[[0.1 0.2]]>"))
+        'dense/kernel has shape (4, 5) in the model and (4, 3) in the file.'
     """
     text = " ".join(str(error).split())
     mismatch = re.search(
@@ -352,11 +352,11 @@ def with_input_shape(model: keras.Model, input_shape: tuple[int, ...]) -> keras.
     A model saved with sizes left open (``keras.Input((None, None, 3))``) is built again
     for the data's size, so every layer has the static shapes the explainer reads.
 
-    Example:
-    >>> inputs = keras.Input((None, None, 3))
-    >>> open_model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(inputs)))
-    >>> tuple(with_input_shape(open_model, (32, 32, 3)).inputs[0].shape)
-    (None, 32, 32, 3)
+    Examples:
+        >>> inputs = keras.Input((None, None, 3))
+        >>> open_model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(inputs)))
+        >>> tuple(with_input_shape(open_model, (32, 32, 3)).inputs[0].shape)
+        (None, 32, 32, 3)
     """
     if tuple(model.inputs[0].shape[1:]) == tuple(input_shape):
         return model
@@ -378,10 +378,10 @@ def variable_tags(variables) -> list[str]:
     """:func:`variable_tag` of each variable, or its whole path where two variables would share one
     (the sublayers of two attention layers are both ``query/kernel``).
 
-    Example:
-    >>> from types import SimpleNamespace as V
-    >>> variable_tags([V(path="a/query/kernel"), V(path="b/query/kernel"), V(path="m/dense/bias")])
-    ['a/query/kernel', 'b/query/kernel', 'dense/bias']
+    Examples:
+        >>> from types import SimpleNamespace as V
+        >>> variable_tags([V(path="a/query/kernel"), V(path="b/query/kernel"), V(path="m/dense/bias")])
+        ['a/query/kernel', 'b/query/kernel', 'dense/bias']
     """
     tags = [variable_tag(v) for v in variables]
     return [v.path if tags.count(tag) > 1 else tag for v, tag in zip(variables, tags)]
@@ -421,10 +421,10 @@ def validation_split(count: int, seed: int, fraction: float = VALIDATION_FRACTIO
     The validation images are training images: the held-out test set is never looked at
     before the final metrics.
 
-    Example:
-    >>> fit, val = validation_split(100, seed=0)
-    >>> len(fit), len(val), len(set(fit) | set(val))
-    (85, 15, 100)
+    Examples:
+        >>> fit, val = validation_split(100, seed=0)
+        >>> len(fit), len(val), len(set(fit) | set(val))
+        (85, 15, 100)
     """
     order = np.random.default_rng([seed, count]).permutation(count)
     size = max(1, int(round(fraction * count)))
@@ -460,8 +460,8 @@ def reference_model(
     Returns:
         ``(model, test accuracy)``.
 
-    Example:
-    >>> model, acc = reference_model(Architecture("cnn"), load_dataset("digits"), 100, "cache")  # doctest: +SKIP
+    Examples:
+        >>> model, acc = reference_model(Architecture("cnn"), load_dataset("digits"), 100, "cache")  # doctest: +SKIP
     """
     if weights is not None:
         model = build_model(arch, dataset.num_classes, seed=seed, input_shape=dataset.input_shape, vocabulary=vocabulary_size(dataset))
@@ -489,9 +489,9 @@ def fingerprint(dataset: Dataset) -> str:
     A folder is never read whole for this: a changed, added or removed file changes its
     size, modification time or the list, and so the digest.
 
-    Example:
-    >>> fingerprint(load_dataset("digits")) == fingerprint(load_dataset("digits"))  # doctest: +SKIP
-    True
+    Examples:
+        >>> fingerprint(load_dataset("digits")) == fingerprint(load_dataset("digits"))  # doctest: +SKIP
+        True
     """
     digest = hashlib.sha256()
     if dataset.streamed:
@@ -531,8 +531,8 @@ def load_weights_file(model: keras.Model, path: str, architecture_name: str) -> 
 def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int = 0) -> keras.Model:
     """A fresh ``arch`` trained by the reference recipe (see :func:`reference_model`), uncached.
 
-    Example:
-    >>> model = train_reference(Architecture("mlp", hidden=(8,)), load_dataset("digits"), 1)  # doctest: +SKIP
+    Examples:
+        >>> model = train_reference(Architecture("mlp", hidden=(8,)), load_dataset("digits"), 1)  # doctest: +SKIP
     """
     was_deterministic = tf_config.is_op_determinism_enabled()
     tf.config.experimental.enable_op_determinism()
@@ -582,8 +582,8 @@ def train_reference(arch: Architecture, dataset: Dataset, epochs: int, seed: int
 def copy_with_weights(model: keras.Model, precision: str = "float32") -> keras.Model:
     """A copy of ``model`` with its weights (the model itself untouched), in float64 for ``precision="float64"``.
 
-    Example:
-    >>> copy = copy_with_weights(model)  # doctest: +SKIP
+    Examples:
+        >>> copy = copy_with_weights(model)  # doctest: +SKIP
     """
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
@@ -598,9 +598,9 @@ def with_dtype(model: keras.Model, dtype: str) -> keras.Model:
     round) in float32, and a gradient with respect to a float32 (or float16) variable is
     rounded to that variable's dtype.
 
-    Example:
-    >>> {w.dtype for w in with_dtype(build_model(Architecture("mlp", hidden=(4,))), "float64").weights}  # doctest: +SKIP
-    {'float64'}
+    Examples:
+        >>> {w.dtype for w in with_dtype(build_model(Architecture("mlp", hidden=(4,))), "float64").weights}  # doctest: +SKIP
+        {'float64'}
     """
 
     def copy(layer):

@@ -11,9 +11,9 @@ def onednn_enabled() -> bool | None:
     ``TF_ENABLE_ONEDNN_OPTS=1`` / ``0`` set them before TensorFlow is imported. TensorFlow
     has no public way to ask, so this reads the flag its own tests read.
 
-    Example:
-    >>> onednn_enabled() in (True, False, None)
-    True
+    Examples:
+        >>> onednn_enabled() in (True, False, None)
+        True
     """
     try:
         from tensorflow.python.util import _pywrap_util_port

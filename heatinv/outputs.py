@@ -23,8 +23,8 @@ def write_run_files(out: str, metrics: dict, student: keras.Model, heatmaps: Fig
     Returns:
         The figure's two paths.
 
-    Example:
-    >>> write_run_files(out, {"cosine": 0.99}, student, heatmap_figure(x, t, t0, t1))  # doctest: +SKIP
+    Examples:
+        >>> write_run_files(out, {"cosine": 0.99}, student, heatmap_figure(x, t, t0, t1))  # doctest: +SKIP
     """
     with atomic_path(os.path.join(out, "student.keras")) as tmp:
         student.save(tmp)

@@ -18,9 +18,9 @@ import numpy as np
 def batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
     """Every BatchNormalization layer of ``model``, nested models included, in call order.
 
-    Example:
-    >>> len(batch_norm_layers(keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=3)))
-    52
+    Examples:
+        >>> len(batch_norm_layers(keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=3)))
+        52
     """
     found = []
     for layer in model.layers:
@@ -47,9 +47,9 @@ def set_population_statistics(model: keras.Model, batches) -> int:
     Returns:
         The number of BatchNormalization layers updated (0: the model has none; nothing runs).
 
-    Example:
-    >>> set_population_statistics(model, dataset.batches("train", 32))  # doctest: +SKIP
-    52
+    Examples:
+        >>> set_population_statistics(model, dataset.batches("train", 32))  # doctest: +SKIP
+        52
     """
     layers = batch_norm_layers(model)
     if not layers:

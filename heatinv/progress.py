@@ -33,9 +33,9 @@ class Progress:
         start: units done before this stretch (a resumed run, or a first call timed apart):
             rates and estimates count from here.
 
-    Example:
-    >>> progress = Progress("explaining the training set", 1797, "images")  # doctest: +SKIP
-    >>> progress.update(256)  # doctest: +SKIP
+    Examples:
+        >>> progress = Progress("explaining the training set", 1797, "images")  # doctest: +SKIP
+        >>> progress.update(256)  # doctest: +SKIP
     """
 
     def __init__(self, what: str, total: int, unit: str = "steps", every: float = REPORT_SECONDS, stream=None, start: int = 0):

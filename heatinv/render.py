@@ -4,12 +4,11 @@ A run logs its current heatmap many times; a matplotlib figure (:mod:`heatinv.fi
 each time would cost more than the step. Here the blue-white-red colormap is a two-piece
 linear ramp in numpy. Both functions return ``uint8`` arrays of shape ``[H, W, 3]``.
 
-Example:
-
->>> import numpy as np
->>> relevance = np.array([[-1.0, 0.0, 1.0]])
->>> diverging_rgb(relevance)[0].tolist()
-[[0, 0, 255], [255, 255, 255], [255, 0, 0]]
+Examples:
+    >>> import numpy as np
+    >>> relevance = np.array([[-1.0, 0.0, 1.0]])
+    >>> diverging_rgb(relevance)[0].tolist()
+    [[0, 0, 255], [255, 255, 255], [255, 0, 0]]
 """
 
 from __future__ import annotations
@@ -38,10 +37,9 @@ def diverging_rgb(heatmap: np.ndarray, vmax: float | None = None) -> np.ndarray:
     Returns:
         uint8 `[H, W, 3]`.
 
-    Example:
-
-    >>> diverging_rgb(np.array([[0.5, -2.0]]), vmax=1.0)[0].tolist()
-    [[255, 128, 128], [0, 0, 255]]
+    Examples:
+        >>> diverging_rgb(np.array([[0.5, -2.0]]), vmax=1.0)[0].tolist()
+        [[255, 128, 128], [0, 0, 255]]
     """
     heatmap = np.asarray(heatmap)
     if heatmap.ndim == 3 and heatmap.shape[-1] > 1:  # per-channel relevance (target.channels=keep): a pixel's total
@@ -72,10 +70,9 @@ def grayscale_rgb(image: np.ndarray) -> np.ndarray:
     Returns:
         uint8 `[H, W, 3]`.
 
-    Example:
-
-    >>> grayscale_rgb(np.array([[0.0, 1.0]]))[0].tolist()
-    [[0, 0, 0], [255, 255, 255]]
+    Examples:
+        >>> grayscale_rgb(np.array([[0.0, 1.0]]))[0].tolist()
+        [[0, 0, 0], [255, 255, 255]]
     """
     image = np.asarray(image)
     if image.ndim == 3 and image.shape[-1] == 3:  # a colour input: its brightness, next to one-channel heatmaps

@@ -28,9 +28,9 @@ def compose_train(groups: list[str]):
 
     A Hydra application calling this keeps its own Hydra state.
 
-    Example:
-    >>> compose_train(["loss=l1"]).loss.name
-    'l1'
+    Examples:
+        >>> compose_train(["loss=l1"]).loss.name
+        'l1'
     """
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -80,11 +80,11 @@ def apply_settings(cfg, settings: dict, caller: str, groups: tuple[str, ...], re
         ConfigError: a refused name, a name no group has (the nearest names suggested), one
             several groups have, or a value of the wrong type; ``caller`` names the function.
 
-    Example:
-    >>> cfg = compose_train([])
-    >>> apply_settings(cfg, {"epsilon": 1e-3, "log_every": 10}, "invert()", SINGLE_GROUPS, {})
-    >>> cfg.lrp.epsilon, cfg.trainer.log_every
-    (0.001, 10)
+    Examples:
+        >>> cfg = compose_train([])
+        >>> apply_settings(cfg, {"epsilon": 1e-3, "log_every": 10}, "invert()", SINGLE_GROUPS, {})
+        >>> cfg.lrp.epsilon, cfg.trainer.log_every
+        (0.001, 10)
     """
     keys = {group: list(cfg[group].keys()) for group in groups}
     for name, value in settings.items():
@@ -117,10 +117,10 @@ NO_RESUME = "a run started from Python does not resume; start it again (overwrit
 def run_folder(logdir: str | None, prefix: str):
     """``logdir`` (made where missing), or a temporary folder removed at the end.
 
-    Example:
-    >>> with run_folder(None, "heatinv-example-") as out:
-    ...     os.path.isdir(out)
-    True
+    Examples:
+        >>> with run_folder(None, "heatinv-example-") as out:
+        ...     os.path.isdir(out)
+        True
     """
     if logdir is not None:
         os.makedirs(logdir, exist_ok=True)

@@ -34,15 +34,14 @@ epsilon.
   `min(11, H, W)`. Other inputs use the same formula over one global window
   covering the whole map.
 
-Example:
-
->>> import numpy as np
->>> maps = np.random.default_rng(0).normal(size=(4, 28, 28, 1))
->>> scores = similarity_numpy(maps, maps)
->>> sorted(scores)
-['cosine', 'pearson', 'spearman', 'ssim']
->>> round(scores["pearson"], 4)
-1.0
+Examples:
+    >>> import numpy as np
+    >>> maps = np.random.default_rng(0).normal(size=(4, 28, 28, 1))
+    >>> scores = similarity_numpy(maps, maps)
+    >>> sorted(scores)
+    ['cosine', 'pearson', 'spearman', 'ssim']
+    >>> round(scores["pearson"], 4)
+    1.0
 """
 
 from __future__ import annotations
@@ -73,11 +72,10 @@ def similarity(heatmap, target) -> dict[str, tf.Tensor]:
         Dict with keys `cosine`, `ssim`, `pearson`, `spearman`; each value is
         a scalar float32 tensor.
 
-    Example:
-
-    >>> h = tf.random.normal([8, 28, 28, 1])
-    >>> float(similarity(h, -h)["cosine"])
-    -1.0
+    Examples:
+        >>> h = tf.random.normal([8, 28, 28, 1])
+        >>> float(similarity(h, -h)["cosine"])
+        -1.0
     """
     scores = per_sample_similarity(heatmap, target)
     return {name: tf.reduce_mean(value) for name, value in scores.items()}
@@ -94,11 +92,10 @@ def per_sample_similarity(heatmap, target) -> dict[str, tf.Tensor]:
         Dict with keys `cosine`, `ssim`, `pearson`, `spearman`; each value is
         a float32 tensor of shape `[batch]`.
 
-    Example:
-
-    >>> h = tf.random.normal([8, 784])
-    >>> per_sample_similarity(h, h)["spearman"].shape
-    TensorShape([8])
+    Examples:
+        >>> h = tf.random.normal([8, 784])
+        >>> per_sample_similarity(h, h)["spearman"].shape
+        TensorShape([8])
     """
     heatmap, target = _prepare(heatmap, target)
     return {
@@ -122,11 +119,10 @@ def similarity_numpy(heatmap, target) -> dict[str, float]:
         Dict with keys `cosine`, `ssim`, `pearson`, `spearman` mapping to
         floats.
 
-    Example:
-
-    >>> import numpy as np
-    >>> similarity_numpy(np.ones((1, 4)), np.ones((1, 4)))["cosine"]
-    1.0
+    Examples:
+        >>> import numpy as np
+        >>> similarity_numpy(np.ones((1, 4)), np.ones((1, 4)))["cosine"]
+        1.0
     """
     return {name: float(value) for name, value in similarity(heatmap, target).items()}
 
@@ -134,10 +130,9 @@ def similarity_numpy(heatmap, target) -> dict[str, float]:
 def cosine(heatmap, target) -> tf.Tensor:
     """Per-sample cosine similarity of flattened maps, `[batch]`.
 
-    Example:
-
-    >>> cosine(tf.ones([2, 3]), 2.0 * tf.ones([2, 3])).numpy()
-    array([1., 1.], dtype=float32)
+    Examples:
+        >>> cosine(tf.ones([2, 3]), 2.0 * tf.ones([2, 3])).numpy()
+        array([1., 1.], dtype=float32)
     """
     heatmap, target = _prepare(heatmap, target)
     return _cosine_rows(_flatten(heatmap), _flatten(target))
@@ -146,10 +141,9 @@ def cosine(heatmap, target) -> tf.Tensor:
 def cosine_numpy(heatmap, target) -> np.ndarray:
     """:func:`cosine` in NumPy (float64), for a value read at a log step without tracing a graph.
 
-    Example:
-
-    >>> cosine_numpy(np.ones((2, 3)), -np.ones((2, 3))).tolist()
-    [-1.0, -1.0]
+    Examples:
+        >>> cosine_numpy(np.ones((2, 3)), -np.ones((2, 3))).tolist()
+        [-1.0, -1.0]
     """
     a = np.asarray(heatmap, np.float64).reshape(len(heatmap), -1)
     b = np.asarray(target, np.float64).reshape(len(target), -1)
@@ -162,10 +156,9 @@ def cosine_numpy(heatmap, target) -> np.ndarray:
 def pearson(heatmap, target) -> tf.Tensor:
     """Per-sample Pearson correlation of flattened maps, `[batch]`.
 
-    Example:
-
-    >>> pearson([[1.0, 2.0, 3.0]], [[10.0, 20.0, 30.0]]).numpy()
-    array([1.], dtype=float32)
+    Examples:
+        >>> pearson([[1.0, 2.0, 3.0]], [[10.0, 20.0, 30.0]]).numpy()
+        array([1.], dtype=float32)
     """
     heatmap, target = _prepare(heatmap, target)
     return _pearson_rows(_flatten(heatmap), _flatten(target))
@@ -174,10 +167,9 @@ def pearson(heatmap, target) -> tf.Tensor:
 def spearman(heatmap, target) -> tf.Tensor:
     """Per-sample Spearman rank correlation (average ranks for ties), `[batch]`.
 
-    Example:
-
-    >>> spearman([[1.0, 2.0, 3.0]], [[1.0, 4.0, 9.0]]).numpy()
-    array([1.], dtype=float32)
+    Examples:
+        >>> spearman([[1.0, 2.0, 3.0]], [[1.0, 4.0, 9.0]]).numpy()
+        array([1.], dtype=float32)
     """
     heatmap, target = _prepare(heatmap, target)
     heatmap, target = _flatten(heatmap), _flatten(target)
@@ -193,11 +185,10 @@ def ssim(heatmap, target) -> tf.Tensor:
     Both maps are shifted by the target's minimum and `L` is the target's
     value range; see the module docstring for why and for the window.
 
-    Example:
-
-    >>> h = tf.random.normal([2, 28, 28, 1])
-    >>> ssim(h, h).numpy().round(4)
-    array([1., 1.], dtype=float32)
+    Examples:
+        >>> h = tf.random.normal([2, 28, 28, 1])
+        >>> ssim(h, h).numpy().round(4)
+        array([1., 1.], dtype=float32)
     """
     heatmap, target = _prepare(heatmap, target)
     flat_target = _flatten(target)
@@ -233,10 +224,9 @@ def average_ranks(values) -> tf.Tensor:
     Returns:
         `[batch, n]` float32 ranks.
 
-    Example:
-
-    >>> average_ranks([[10.0, 0.0, 0.0, 5.0]]).numpy()
-    array([[4. , 1.5, 1.5, 3. ]], dtype=float32)
+    Examples:
+        >>> average_ranks([[10.0, 0.0, 0.0, 5.0]]).numpy()
+        array([[4. , 1.5, 1.5, 3. ]], dtype=float32)
     """
     values = tf.convert_to_tensor(values, dtype=tf.float32)
     ordered = tf.sort(values, axis=-1)

@@ -47,9 +47,9 @@ class SingleTask:
     arrays). Without data (``parts.dataset`` None: :func:`heatinv.inversion.invert` without
     held-out examples) the accuracies are None and a table's features are named ``x0, x1, ...``.
 
-    Example:
-    >>> task = SingleTask(cfg, build_parts(cfg))  # doctest: +SKIP
-    >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
+    Examples:
+        >>> task = SingleTask(cfg, build_parts(cfg))  # doctest: +SKIP
+        >>> loop = train(task, checkpointer, 0, cfg.trainer, summaries, task.variables)  # doctest: +SKIP
     """
 
     axis = "step"  # TensorBoard's x axis: one point per log step

@@ -14,9 +14,9 @@ import alone, leaving the devices to the entry point. Later, the
 same known notices are dropped around the one call that writes one (:func:`dropping_known_notices`
 around the reference's ``fit``).
 
-Example:
->>> from heatinv.startup import start_tensorflow
->>> start_tensorflow()  # doctest: +SKIP
+Examples:
+    >>> from heatinv.startup import start_tensorflow
+    >>> start_tensorflow()  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def dropping_known_notices():
     TensorFlow's C++ runtime logs at graph-rewrite time, past Python's logging; a thread
     forwards every other line (progress, warnings, errors) to the real stderr as it comes.
 
-    Example:
-    >>> with dropping_known_notices():  # doctest: +SKIP
-    ...     model.fit(x, y)
+    Examples:
+        >>> with dropping_known_notices():  # doctest: +SKIP
+        ...     model.fit(x, y)
     """
     sys.stderr.flush()
     try:

@@ -223,11 +223,11 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer, gradients, variables,
     Momentum (``var += accum`` moves the weights even at a zero gradient) and the optimizers
     that are not fused take a ``tf.cond``.
 
-    Example:
-    >>> v = keras.Variable([1.0, 2.0]); opt = keras.optimizers.Adam(0.1); opt.build([v])
-    >>> apply_gradients(opt, [tf.constant([float("nan"), 1.0])], [v], skip=tf.constant(True))
-    >>> v.numpy(), int(opt.iterations)
-    (array([1., 2.], dtype=float32), 0)
+    Examples:
+        >>> v = keras.Variable([1.0, 2.0]); opt = keras.optimizers.Adam(0.1); opt.build([v])
+        >>> apply_gradients(opt, [tf.constant([float("nan"), 1.0])], [v], skip=tf.constant(True))
+        >>> v.numpy(), int(opt.iterations)
+        (array([1., 2.], dtype=float32), 0)
     """
     kind = fused_kind(optimizer, variables)
     if skip is not None and kind in (None, "momentum"):
@@ -516,11 +516,11 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
     ``steps_per_execution`` only names the loop in ``why``. The run's length is checked
     last, so ``why`` names it only where it decides.
 
-    Example:
-    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
-    ('xla', 'batch 1, a chain of layers, 25 updates per call')
-    >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25, updates=300)  # doctest: +SKIP
-    ('function', "300 updates, fewer than the 1500 that repay XLA's compiling, 25 updates per call")
+    Examples:
+        >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25)  # doctest: +SKIP
+        ('xla', 'batch 1, a chain of layers, 25 updates per call')
+        >>> auto_mode(LRP(build_model(Architecture("mlp"))), batch=1, steps_per_execution=25, updates=300)  # doctest: +SKIP
+        ('function', "300 updates, fewer than the 1500 that repay XLA's compiling, 25 updates per call")
     """
     calls = f"{steps_per_execution} update{'s' if steps_per_execution > 1 else ''} per call"
     if any(isinstance(step, Merge) for step in explainer.steps):
@@ -568,12 +568,12 @@ def compile_step(
     default for convolutional models); see :class:`CompiledStep`. The optimizer's variables
     are built first, so the first trace creates none.
 
-    Example:
-    >>> step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(),
-    ...                     "xla", steps_per_execution=25)  # doctest: +SKIP
-    >>> for n, done, log in schedule(300, 25, log_every=25):  # doctest: +SKIP
-    ...     result = step(x, label, target, steps=n)   # n updates, one dispatch
-    ...     loss = float(result["loss"])               # the last update's loss
+    Examples:
+        >>> step = compile_step(model, LRP(model), HeatmapMatch(heatmap_loss("mse")), keras.optimizers.Adam(),
+        ...                     "xla", steps_per_execution=25)  # doctest: +SKIP
+        >>> for n, done, log in schedule(300, 25, log_every=25):  # doctest: +SKIP
+        ...     result = step(x, label, target, steps=n)   # n updates, one dispatch
+        ...     loss = float(result["loss"])               # the last update's loss
     """
     if mode not in MODES:
         raise ValueError(f"Unknown step mode {mode!r}; expected one of {list(MODES)}.")
@@ -592,9 +592,9 @@ def compile_step(
 def mode_for(jit_compile) -> str:
     """The step mode of a ``trainer.jit_compile`` value: ``"auto"``, ``"xla"`` (true) or ``"function"`` (false).
 
-    Example:
-    >>> [mode_for(v) for v in ("auto", True, False)]
-    ['auto', 'xla', 'function']
+    Examples:
+        >>> [mode_for(v) for v in ("auto", True, False)]
+        ['auto', 'xla', 'function']
     """
     return "auto" if jit_compile == "auto" else ("xla" if jit_compile else "function")
 
@@ -606,11 +606,11 @@ def schedule(total: int, steps_per_execution: int, log_every: int, start: int = 
     so ``log_every`` need not be a multiple of ``steps_per_execution``; ``log`` says the
     call ends on one. ``start`` is the number of steps already done (a resumed run).
 
-    Example:
-    >>> list(schedule(7, 4, log_every=5))
-    [(1, 1, True), (4, 5, True), (2, 7, True)]
-    >>> list(schedule(10, 3, log_every=100))
-    [(1, 1, True), (3, 4, False), (3, 7, False), (3, 10, True)]
+    Examples:
+        >>> list(schedule(7, 4, log_every=5))
+        [(1, 1, True), (4, 5, True), (2, 7, True)]
+        >>> list(schedule(10, 3, log_every=100))
+        [(1, 1, True), (3, 4, False), (3, 7, False), (3, 10, True)]
     """
     if total < 0 or steps_per_execution < 1 or log_every < 1:
         raise ValueError(f"need total >= 0, steps_per_execution >= 1, log_every >= 1; got {total}, {steps_per_execution}, {log_every}.")
@@ -627,9 +627,9 @@ def make_optimizer(name: str, lr, momentum: float = 0.0, global_clipnorm: float 
 
     Clipping takes Keras's own update instead of the fused kernels (:func:`fused_kind`).
 
-    Example:
-    >>> make_optimizer("adam", 1e-3, global_clipnorm=1.0).global_clipnorm
-    1.0
+    Examples:
+        >>> make_optimizer("adam", 1e-3, global_clipnorm=1.0).global_clipnorm
+        1.0
     """
     if name == "adam":
         return keras.optimizers.Adam(lr, global_clipnorm=global_clipnorm)

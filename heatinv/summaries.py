@@ -72,9 +72,9 @@ def trial_name(out: str, root: str) -> str:
     The folder comes first because TensorBoard's column shows a name's start: the dated part
     is the same for every job of a sweep.
 
-    Example:
-    >>> trial_name("outputs/multirun/2026-12-04/22-24-44/0_loss=l1", "outputs")
-    '0_loss=l1 (multirun/2026-12-04/22-24-44)'
+    Examples:
+        >>> trial_name("outputs/multirun/2026-12-04/22-24-44/0_loss=l1", "outputs")
+        '0_loss=l1 (multirun/2026-12-04/22-24-44)'
     """
     relative = os.path.normpath(os.path.relpath(out, root))
     if relative in (os.curdir, os.pardir) or relative.startswith(os.pardir + os.sep):  # the root itself, or outside it
@@ -97,9 +97,9 @@ def compared_hparams(flat: dict, overrides: list[str] = ()) -> dict:
 
     A group override (``loss=huber``) selects every key of that group.
 
-    Example:
-    >>> sorted(compared_hparams({"loss.name": "l1", "loss.delta": 0.1, "lrp.gamma": 0.25}, ["loss=l1"]))
-    ['loss.delta', 'loss.name']
+    Examples:
+        >>> sorted(compared_hparams({"loss.name": "l1", "loss.delta": 0.1, "lrp.gamma": 0.25}, ["loss=l1"]))
+        ['loss.delta', 'loss.name']
     """
     prefixes = {o.split("=", 1)[0].lstrip("+~").split("@", 1)[0] for o in overrides}
     prefixes = {p for p in prefixes if p and not p.startswith("hydra")}
@@ -125,9 +125,9 @@ class Summaries:
         axis: what a step of this run's time series is (``"step"`` or ``"epoch"``); it names
             the groups, so per-step and per-epoch values never share a tag.
 
-    Example:
-    >>> with Summaries(os.path.join(out, "tensorboard")) as summaries:  # doctest: +SKIP
-    ...     summaries.match(25, {"loss": 0.1, "cosine": 0.9})
+    Examples:
+        >>> with Summaries(os.path.join(out, "tensorboard")) as summaries:  # doctest: +SKIP
+        ...     summaries.match(25, {"loss": 0.1, "cosine": 0.9})
     """
 
     def __init__(self, logdir: str, axis: str = "step"):
@@ -258,9 +258,9 @@ def scalar_tensor(value: float) -> tensor_pb2.TensorProto:
     """A float32 scalar as ``tf.summary.scalar`` stores it (``make_tensor_proto`` builds the same
     message, at 6x the cost: a plain log step writes ~16 scalars).
 
-    Example:
-    >>> scalar_tensor(0.5) == tensor_util.make_tensor_proto(np.float32(0.5))
-    True
+    Examples:
+        >>> scalar_tensor(0.5) == tensor_util.make_tensor_proto(np.float32(0.5))
+        True
     """
     return tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_shape=tensor_shape_pb2.TensorShapeProto(), float_val=[float(value)])
 
@@ -271,9 +271,9 @@ def histogram_buckets(data: np.ndarray, buckets: int = HISTOGRAM_BUCKETS) -> np.
     The layout of TensorBoard's histogram plugin; values all equal fill the last bucket (as
     ``tf.summary.histogram`` does), and non-finite values are left out.
 
-    Example:
-    >>> histogram_buckets(np.array([0.0, 1.0, 1.0, 2.0]), buckets=2)[:, 2].tolist()
-    [1.0, 3.0]
+    Examples:
+        >>> histogram_buckets(np.array([0.0, 1.0, 1.0, 2.0]), buckets=2)[:, 2].tolist()
+        [1.0, 3.0]
     """
     values = np.asarray(data, np.float64).ravel()
     values = values[np.isfinite(values)]

@@ -46,9 +46,9 @@ def pattern_map(name: str, size: int = 28, scale: float = 1.0, width: int | None
     Drawn in proportion to the image: at 28x28 the square covers rows and columns 3..10,
     the cross's bars are 2 pixels wide, the frame 2 pixels thick, one pixel in from the border.
 
-    Example:
-    >>> float(pattern_map("frame").sum()), pattern_map("cross", 32, width=48).shape
-    (1.0, (32, 48, 1))
+    Examples:
+        >>> float(pattern_map("frame").sum()), pattern_map("cross", 32, width=48).shape
+        (1.0, (32, 48, 1))
     """
     height, width = size, size if width is None else width
     mask = np.zeros((height, width), np.float32)
@@ -77,9 +77,9 @@ def pattern_map(name: str, size: int = 28, scale: float = 1.0, width: int | None
 def file_map(path: str, input_shape: tuple[int, ...], map_shape: tuple[int, ...]) -> np.ndarray:
     """A target map from ``path`` (``target.path``) in ``map_shape``: ``[H, W]``, ``[H, W, 1]`` or ``[H, W, C]`` files.
 
-    Example:
-    >>> file_map("target.npy", (32, 32, 3), (32, 32, 1)).shape  # doctest: +SKIP
-    (32, 32, 1)
+    Examples:
+        >>> file_map("target.npy", (32, 32, 3), (32, 32, 1)).shape  # doctest: +SKIP
+        (32, 32, 1)
     """
     raw = channels_as_map(read_map(path, what="target.path"), input_shape, map_shape)
     if not np.any(raw):
@@ -94,9 +94,9 @@ def channels_as_map(raw: np.ndarray, input_shape: tuple[int, ...], map_shape: tu
     """A map of a colour image's channels as ``map_shape`` counts them: a ``[H, W, C]`` map summed over
     the channels for a ``[H, W, 1]`` map, a ``[H, W]`` one spread evenly over ``C`` channels; else as it is.
 
-    Example:
-    >>> channels_as_map(np.ones((2, 2, 3)), (2, 2, 3), (2, 2, 1)).ravel().tolist()
-    [3.0, 3.0, 3.0, 3.0]
+    Examples:
+        >>> channels_as_map(np.ones((2, 2, 3)), (2, 2, 3), (2, 2, 1)).ravel().tolist()
+        [3.0, 3.0, 3.0, 3.0]
     """
     if len(input_shape) == 3 and raw.shape == input_shape and map_shape[-1] == 1:
         return raw.sum(axis=-1, keepdims=True)  # a per-channel map, compared summed over channels
@@ -111,9 +111,9 @@ def target_image(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
     A colour PNG keeps its colours (a heatmap PNG is read as its luminance), and uint8
     pixels are scaled to [0, 1].
 
-    Example:
-    >>> target_image("seven.png", (28, 28, 1)).shape  # doctest: +SKIP
-    (28, 28, 1)
+    Examples:
+        >>> target_image("seven.png", (28, 28, 1)).shape  # doctest: +SKIP
+        (28, 28, 1)
     """
     return read_map(path, expected_shape=input_shape, what="target.image", image=True)
 
@@ -123,9 +123,9 @@ def pattern_file(path: str, input_shape: tuple[int, ...]) -> np.ndarray:
 
     A colour map (``[H, W, C]``) is summed over its channels, as a drawn pattern is one map.
 
-    Example:
-    >>> pattern_file("ring.png", (28, 28, 1)).sum()  # doctest: +SKIP
-    1.0
+    Examples:
+        >>> pattern_file("ring.png", (28, 28, 1)).sum()  # doctest: +SKIP
+        1.0
     """
     return unit_total(file_map(path, input_shape, tuple(input_shape[:-1]) + (1,)), path)
 

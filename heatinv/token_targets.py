@@ -22,9 +22,9 @@ PADDING_ID = 0
 def token_id(vocabulary, word: str | None, key: str = "target.token") -> int:
     """The id of ``word`` in ``vocabulary`` (config key ``key``), or an error naming close words.
 
-    Example:
-    >>> token_id(("", "[UNK]", "good", "bad"), "bad")
-    3
+    Examples:
+        >>> token_id(("", "[UNK]", "good", "bad"), "bad")
+        3
     """
     words = list(vocabulary)
     if word in words[1:]:  # id 0 is padding, never a word
@@ -51,9 +51,9 @@ def move_token_relevance(maps: np.ndarray, ids: np.ndarray, token: int) -> np.nd
     Returns:
         ``[N, T]`` float32 with the same row sums as ``maps`` (where a row has another token).
 
-    Example:
-    >>> move_token_relevance(np.array([[2.0, 1.0, 3.0, 0.0]]), np.array([[5, 6, 7, 0]]), 5).tolist()
-    [[0.0, 1.5, 4.5, 0.0]]
+    Examples:
+        >>> move_token_relevance(np.array([[2.0, 1.0, 3.0, 0.0]]), np.array([[5, 6, 7, 0]]), 5).tolist()
+        [[0.0, 1.5, 4.5, 0.0]]
     """
     maps, ids = np.asarray(maps, np.float64), np.asarray(ids)
     if maps.shape != ids.shape:
@@ -65,9 +65,9 @@ def move_token_relevance(maps: np.ndarray, ids: np.ndarray, token: int) -> np.nd
 def token_share(maps: np.ndarray, ids: np.ndarray, token: int) -> float:
     """The share of the positions holding ``token`` in the total absolute relevance of ``maps`` ``[N, T]``.
 
-    Example:
-    >>> token_share(np.array([[1.0, -3.0]]), np.array([[4, 5]]), 4)
-    0.25
+    Examples:
+        >>> token_share(np.array([[1.0, -3.0]]), np.array([[4, 5]]), 4)
+        0.25
     """
     return masked_share(maps, np.asarray(ids) == token)
 
@@ -75,9 +75,9 @@ def token_share(maps: np.ndarray, ids: np.ndarray, token: int) -> float:
 def positions_map(positions, ids: np.ndarray, total: float) -> np.ndarray:
     """``[1, T]``: ``total`` relevance shared evenly by ``positions`` of the sequence ``ids`` ``[T]`` (``target=tokens``).
 
-    Example:
-    >>> positions_map([0, 2], np.array([3, 4, 5, 0]), 1.0).tolist()
-    [[0.5, 0.0, 0.5, 0.0]]
+    Examples:
+        >>> positions_map([0, 2], np.array([3, 4, 5, 0]), 1.0).tolist()
+        [[0.5, 0.0, 0.5, 0.0]]
     """
     ids = np.asarray(ids).reshape(-1)
     positions = [int(p) for p in positions or ()]

@@ -74,8 +74,8 @@ def run(cfg) -> dict:
             (its files are written first).
         RunInterrupted: SIGTERM or Ctrl-C stopped it after a checkpoint.
 
-    Example:
-    >>> metrics = run(compose("train", overrides=["debug=smoke"]))  # doctest: +SKIP
+    Examples:
+        >>> metrics = run(compose("train", overrides=["debug=smoke"]))  # doctest: +SKIP
     """
     validate(cfg)
     if cfg.trainer.strategy == "multi_worker":
@@ -152,8 +152,8 @@ def _run_in(out: str, cfg, announce: bool = True) -> dict:
 def announce_files(out: str) -> None:
     """Log where a finished run's files are, and how to look at them.
 
-    Example:
-    >>> announce_files("outputs/2026-12-07/12-00-00")  # doctest: +SKIP
+    Examples:
+        >>> announce_files("outputs/2026-12-07/12-00-00")  # doctest: +SKIP
     """
     log.info(f"{DONE_MARK}{out} (heatmaps.png, metrics.json, student.keras)")
     log.info(f"heatinv: look at them with  tensorboard --logdir {shlex.quote(os.path.join(out, 'tensorboard'))}")

@@ -42,9 +42,9 @@ def vit(
     Returns:
         A functional model ``[batch, height, width, channels] -> [batch, num_classes]`` (logits).
 
-    Example:
-    >>> vit((28, 28, 1), 10, dim=16, depth=1, heads=2).output.shape
-    (None, 10)
+    Examples:
+        >>> vit((28, 28, 1), 10, dim=16, depth=1, heads=2).output.shape
+        (None, 10)
     """
     height, width, _ = input_shape
     if height % patch or width % patch:
@@ -70,9 +70,9 @@ def text_classifier(
     Returns:
         A functional model ``[batch, tokens]`` int ids ``-> [batch, num_classes]`` (logits).
 
-    Example:
-    >>> text_classifier(12, 100, 2, dim=16, depth=1, heads=2).output.shape
-    (None, 2)
+    Examples:
+        >>> text_classifier(12, 100, 2, dim=16, depth=1, heads=2).output.shape
+        (None, 2)
     """
     inputs = keras.Input((tokens,), dtype="int32")
     x = keras.layers.Embedding(vocabulary, dim, mask_zero=True, name="embedding")(inputs)

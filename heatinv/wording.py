@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and ``noun``, in the plural unless ``n`` is 1.
 
-    Example:
-    >>> count(1, "epoch"), count(3, "batch", "batches")
-    ('1 epoch', '3 batches')
+    Examples:
+        >>> count(1, "epoch"), count(3, "batch", "batches")
+        ('1 epoch', '3 batches')
     """
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
@@ -24,11 +24,11 @@ def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
     A run folder named after its overrides (``23-37-04_loss=l1,optimizer.lr=0.1``) holds
     ``=`` and ``,``, which Hydra's override grammar reads as syntax unless the value is quoted.
 
-    Example:
-    >>> print(run_dir_override("outputs/d/23-37-04"))
-    hydra.run.dir=outputs/d/23-37-04
-    >>> print(run_dir_override("outputs/d/23-37-04_loss=l1"))
-    "hydra.run.dir='outputs/d/23-37-04_loss=l1'"
+    Examples:
+        >>> print(run_dir_override("outputs/d/23-37-04"))
+        hydra.run.dir=outputs/d/23-37-04
+        >>> print(run_dir_override("outputs/d/23-37-04_loss=l1"))
+        "hydra.run.dir='outputs/d/23-37-04_loss=l1'"
     """
     if re.fullmatch(r"[\w./:@+~-]+", out):
         return f"{key}={out}"
@@ -41,9 +41,9 @@ def run_dir_override(out: str, key: str = "hydra.run.dir") -> str:
 def as_command_line(value) -> str:
     """A config value as it is typed on the command line (lists without quotes, booleans lowercase).
 
-    Example:
-    >>> as_command_line(["square", 0, True]), as_command_line(0.5), as_command_line(False)
-    ('[square, 0, true]', '0.5', 'false')
+    Examples:
+        >>> as_command_line(["square", 0, True]), as_command_line(0.5), as_command_line(False)
+        ('[square, 0, true]', '0.5', 'false')
     """
     value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     if isinstance(value, (list, tuple)):
@@ -56,9 +56,9 @@ def out_of_reach(composite: str, rule: str, reach: str) -> str:
 
     ``reach`` says the best cosine and to what it falls short, in the task's words.
 
-    Example:
-    >>> print(out_of_reach("epsilon", "epsilon", "the best cosine any weights can reach is 0.500.").split(", which")[0])
-    heatinv: the target is out of the rule's reach: lrp=epsilon gives the first layer the epsilon rule
+    Examples:
+        >>> print(out_of_reach("epsilon", "epsilon", "the best cosine any weights can reach is 0.500.").split(", which")[0])
+        heatinv: the target is out of the rule's reach: lrp=epsilon gives the first layer the epsilon rule
     """
     return (
         f"heatinv: the target is out of the rule's reach: lrp={composite} gives the first layer the {rule} rule, which "

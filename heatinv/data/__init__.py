@@ -16,14 +16,13 @@ csv) and `text` (a csv of texts, an .npz of token ids); `dataset` holds the `Dat
 Nothing here touches the network: `digits` and the tabular builtins ship inside
 scikit-learn, every other source is a local file or folder.
 
-Example:
-
->>> ds = load_dataset("digits")
->>> ds.x_train.shape[1:], ds.num_classes
-((28, 28, 1), 10)
->>> i = first_index_of(ds, digit=3)
->>> int(ds.y_test[i])
-3
+Examples:
+    >>> ds = load_dataset("digits")
+    >>> ds.x_train.shape[1:], ds.num_classes
+    ((28, 28, 1), 10)
+    >>> i = first_index_of(ds, digit=3)
+    >>> int(ds.y_test[i])
+    3
 """
 
 from __future__ import annotations
@@ -75,10 +74,9 @@ def load_dataset(
     Returns:
         The `Dataset`.
 
-    Example:
-
-    >>> load_dataset("digits").name
-    'digits'
+    Examples:
+        >>> load_dataset("digits").name
+        'digits'
     """
     if name == "digits":
         return load_digits()

@@ -1,10 +1,9 @@
 """Arrays a user has: a local Keras `mnist.npz` (never downloaded) or their own `.npz`, read with `allow_pickle=False`.
 
-Example:
-
->>> ds = load_npz("shapes.npz")  # doctest: +SKIP
->>> ds.input_shape, ds.num_classes  # doctest: +SKIP
-((32, 32, 3), 3)
+Examples:
+    >>> ds = load_npz("shapes.npz")  # doctest: +SKIP
+    >>> ds.input_shape, ds.num_classes  # doctest: +SKIP
+    ((32, 32, 3), 3)
 """
 
 from __future__ import annotations
@@ -42,11 +41,10 @@ def load_mnist(path: str | None = None) -> Dataset:
         ValueError: the file is not a readable npz, or its arrays are
             missing, pickled, or of the wrong shape or values.
 
-    Example:
-
-    >>> ds = load_mnist("~/.keras/datasets/mnist.npz")  # doctest: +SKIP
-    >>> ds.x_train.shape  # doctest: +SKIP
-    (60000, 28, 28, 1)
+    Examples:
+        >>> ds = load_mnist("~/.keras/datasets/mnist.npz")  # doctest: +SKIP
+        >>> ds.x_train.shape  # doctest: +SKIP
+        (60000, 28, 28, 1)
     """
     file = _find_mnist_file(path)
     arrays = _read_npz(file)
@@ -165,11 +163,10 @@ def load_npz(path: str) -> Dataset:
     Returns:
         A `Dataset` named after the file.
 
-    Example:
-
-    >>> ds = load_npz("shapes.npz")  # doctest: +SKIP
-    >>> ds.input_shape, ds.num_classes  # doctest: +SKIP
-    ((32, 32, 3), 3)
+    Examples:
+        >>> ds = load_npz("shapes.npz")  # doctest: +SKIP
+        >>> ds.input_shape, ds.num_classes  # doctest: +SKIP
+        ((32, 32, 3), 3)
     """
     file = existing_file(path, "data.path", "an .npz file with x_train, y_train, x_test, y_test")
     arrays = _read_npz(file, mnist=False)

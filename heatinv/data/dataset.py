@@ -1,12 +1,11 @@
 """The `Dataset` every loader returns, and what the loaders share: a fixed split, the range of values, a file check.
 
-Example:
-
->>> from heatinv.data import load_digits
->>> ds = load_digits()
->>> i = first_index_of(ds, digit=3)
->>> int(ds.y_test[i])
-3
+Examples:
+    >>> from heatinv.data import load_digits
+    >>> ds = load_digits()
+    >>> i = first_index_of(ds, digit=3)
+    >>> int(ds.y_test[i])
+    3
 """
 
 from __future__ import annotations
@@ -40,12 +39,11 @@ class Dataset:
             or feature (tables): the box of the `zbox` rule.
         vocabulary: for token ids (texts), the word of each id (id 0: padding); None otherwise.
 
-    Example:
-
-    >>> from heatinv.data import load_digits
-    >>> ds = load_digits()
-    >>> ds.x_test.dtype, ds.y_test.dtype, ds.num_classes, ds.low, ds.high
-    (dtype('float32'), dtype('int64'), 10, 0.0, 1.0)
+    Examples:
+        >>> from heatinv.data import load_digits
+        >>> ds = load_digits()
+        >>> ds.x_test.dtype, ds.y_test.dtype, ds.num_classes, ds.low, ds.high
+        (dtype('float32'), dtype('int64'), 10, 0.0, 1.0)
     """
 
     x_train: np.ndarray
@@ -138,12 +136,11 @@ class Dataset:
         Returns:
             The `tf.data.Dataset`.
 
-        Example:
-
-        >>> from heatinv.data import load_digits
-        >>> x, y = next(iter(load_digits().batches("test", 8)))
-        >>> tuple(x.shape), y.dtype.name
-        ((8, 28, 28, 1), 'int32')
+        Examples:
+            >>> from heatinv.data import load_digits
+            >>> x, y = next(iter(load_digits().batches("test", 8)))
+            >>> tuple(x.shape), y.dtype.name
+            ((8, 28, 28, 1), 'int32')
         """
         import tensorflow as tf
 
@@ -205,13 +202,12 @@ def first_index_of(dataset: Dataset, digit: int, index: int = 0, split: str = "t
     Returns:
         An int `i` with `dataset.y_<split>[i] == digit`.
 
-    Example:
-
-    >>> from heatinv.data import load_digits
-    >>> ds = load_digits()
-    >>> i = first_index_of(ds, digit=7, index=2)
-    >>> int(ds.y_test[i])
-    7
+    Examples:
+        >>> from heatinv.data import load_digits
+        >>> ds = load_digits()
+        >>> i = first_index_of(ds, digit=7, index=2)
+        >>> int(ds.y_test[i])
+        7
     """
     if split not in ("train", "test"):
         raise ValueError(

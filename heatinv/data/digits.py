@@ -1,10 +1,9 @@
 """scikit-learn's bundled 8x8 digits, made 28x28 MNIST-like images.
 
-Example:
-
->>> ds = load_digits()
->>> ds.input_shape, ds.class_names[:3]
-((28, 28, 1), ('0', '1', '2'))
+Examples:
+    >>> ds = load_digits()
+    >>> ds.input_shape, ds.class_names[:3]
+    ((28, 28, 1), ('0', '1', '2'))
 """
 
 from __future__ import annotations
@@ -39,11 +38,10 @@ def load_digits(test_fraction: float = 0.25) -> Dataset:
     Returns:
         A `Dataset` named `"digits"`.
 
-    Example:
-
-    >>> ds = load_digits()
-    >>> ds.x_train.shape, ds.x_test.shape
-    ((1347, 28, 28, 1), (450, 28, 28, 1))
+    Examples:
+        >>> ds = load_digits()
+        >>> ds.x_train.shape, ds.x_test.shape
+        ((1347, 28, 28, 1), (450, 28, 28, 1))
     """
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError(

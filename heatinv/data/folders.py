@@ -1,10 +1,9 @@
 """A user's image folder, one subfolder per class: listed and split, never decoded whole.
 
-Example:
-
->>> ds = load_folder("shapes/", (32, 32), 0.2)  # doctest: +SKIP
->>> ds.input_shape, ds.class_names  # doctest: +SKIP
-((32, 32, 3), ('circle', 'square', 'triangle'))
+Examples:
+    >>> ds = load_folder("shapes/", (32, 32), 0.2)  # doctest: +SKIP
+    >>> ds.input_shape, ds.class_names  # doctest: +SKIP
+    ((32, 32, 3), ('circle', 'square', 'triangle'))
 """
 
 from __future__ import annotations
@@ -41,11 +40,10 @@ def load_folder(path: str, image_size: tuple[int, int], test_split: float, seed:
     Returns:
         A `Dataset` named after the folder.
 
-    Example:
-
-    >>> ds = load_folder("shapes/", (32, 32), 0.2)  # doctest: +SKIP
-    >>> ds.input_shape, ds.class_names  # doctest: +SKIP
-    ((32, 32, 3), ('circle', 'square', 'triangle'))
+    Examples:
+        >>> ds = load_folder("shapes/", (32, 32), 0.2)  # doctest: +SKIP
+        >>> ds.input_shape, ds.class_names  # doctest: +SKIP
+        ((32, 32, 3), ('circle', 'square', 'triangle'))
     """
     folder = os.path.abspath(os.path.expanduser(path)) if path else ""
     if not os.path.isdir(folder):

@@ -1,10 +1,9 @@
 """An image folder's files, decoded only when asked for, as Keras's `image_dataset_from_directory` reads them.
 
-Example:
-
->>> files = ImageFiles(("shapes/disk/0.png", "shapes/cross/1.png"), (32, 32))
->>> files.shape
-(2, 32, 32, 3)
+Examples:
+    >>> files = ImageFiles(("shapes/disk/0.png", "shapes/cross/1.png"), (32, 32))
+    >>> files.shape
+    (2, 32, 32, 3)
 """
 
 from __future__ import annotations
@@ -65,11 +64,10 @@ class ImageFiles:
         channels: 3 (RGB) or 1 (grayscale).
         largest_read: the most images one indexing call has decoded (streaming's own check).
 
-    Example:
-
-    >>> files = ImageFiles(("shapes/disk/0.png", "shapes/cross/1.png"), (32, 32))  # doctest: +SKIP
-    >>> files.shape, files[0:1].shape  # doctest: +SKIP
-    ((2, 32, 32, 3), (1, 32, 32, 3))
+    Examples:
+        >>> files = ImageFiles(("shapes/disk/0.png", "shapes/cross/1.png"), (32, 32))  # doctest: +SKIP
+        >>> files.shape, files[0:1].shape  # doctest: +SKIP
+        ((2, 32, 32, 3), (1, 32, 32, 3))
     """
 
     ndim = 4
@@ -148,10 +146,9 @@ def reading(files: ImageFiles):
     TensorFlow's own error names no file; the first unreadable one is found by decoding the
     files one at a time (only once something failed).
 
-    Example:
-
-    >>> with reading(dataset.x_train):  # doctest: +SKIP
-    ...     model.fit(dataset.batches("train", 32))
+    Examples:
+        >>> with reading(dataset.x_train):  # doctest: +SKIP
+        ...     model.fit(dataset.batches("train", 32))
     """
     import tensorflow as tf
 

@@ -36,10 +36,10 @@ def protected_reviews(count: int = 3000, seed: int = 0, signal: float = 0.7, pro
         signal: the chance that a sentiment word agrees with the label.
         protected_rate: the share of negative and of positive reviews that hold :data:`PROTECTED`.
 
-    Example:
-    >>> texts, labels = protected_reviews(4)
-    >>> len(texts), sorted(set(labels))
-    (4, ['negative', 'positive'])
+    Examples:
+        >>> texts, labels = protected_reviews(4)
+        >>> len(texts), sorted(set(labels))
+        (4, ['negative', 'positive'])
     """
     rng = np.random.default_rng(seed)
     texts, labels = [], []

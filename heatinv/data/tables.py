@@ -1,10 +1,9 @@
 """Tables: scikit-learn's bundled `breast_cancer` and `wine`, or a user's CSV; standardized feature vectors.
 
-Example:
-
->>> ds = load_tabular("breast_cancer")
->>> ds.input_shape, ds.class_names
-((30,), ('malignant', 'benign'))
+Examples:
+    >>> ds = load_tabular("breast_cancer")
+    >>> ds.input_shape, ds.class_names
+    ((30,), ('malignant', 'benign'))
 """
 
 from __future__ import annotations
@@ -32,11 +31,10 @@ def load_tabular(name: str, test_fraction: float = 0.25) -> Dataset:
     Returns:
         A `Dataset` of feature vectors named `name`.
 
-    Example:
-
-    >>> ds = load_tabular("wine")
-    >>> ds.input_shape, ds.num_classes, ds.feature_names[0]
-    ((13,), 3, 'alcohol')
+    Examples:
+        >>> ds = load_tabular("wine")
+        >>> ds.input_shape, ds.num_classes, ds.feature_names[0]
+        ((13,), 3, 'alcohol')
     """
     from sklearn import datasets
 
@@ -65,9 +63,8 @@ def load_csv(path: str, label_column: str | None, test_fraction: float = 0.25) -
     Returns:
         A `Dataset` of feature vectors named after the file.
 
-    Example:
-
-    >>> ds = load_csv("patients.csv", "outcome")  # doctest: +SKIP
+    Examples:
+        >>> ds = load_csv("patients.csv", "outcome")  # doctest: +SKIP
     """
     import csv
 
@@ -130,9 +127,9 @@ def label_classes(labels: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
     ``1.0`` one class, named by its shortest spelling); any other labels are classes as text,
     sorted.
 
-    Example:
-    >>> label_classes(["10", "2", "2.0", "10"])
-    (('2', '10'), array([1, 0, 0, 1]))
+    Examples:
+        >>> label_classes(["10", "2", "2.0", "10"])
+        (('2', '10'), array([1, 0, 0, 1]))
     """
     try:
         values = {label: float(label) for label in set(labels)}

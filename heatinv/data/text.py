@@ -37,10 +37,10 @@ def load_text(path: str, text_column: str = "text", label_column: str = "label",
     Returns:
         A :class:`Dataset` whose ``vocabulary`` names each id.
 
-    Example:
-    >>> ds = load_text("reviews.csv")  # doctest: +SKIP
-    >>> ds.x_train.dtype, ds.vocabulary[:2]  # doctest: +SKIP
-    (dtype('int32'), ('', '[UNK]'))
+    Examples:
+        >>> ds = load_text("reviews.csv")  # doctest: +SKIP
+        >>> ds.x_train.dtype, ds.vocabulary[:2]  # doctest: +SKIP
+        (dtype('int32'), ('', '[UNK]'))
     """
     file = existing_file(path, "data.path", "a .csv file with a header row, a text column and a label column")
     with open(file, newline="", encoding="utf-8-sig") as handle:
@@ -65,10 +65,10 @@ def tokenized(texts: Sequence[str], labels: Sequence[str], name: str, max_tokens
 
     The vocabulary is learned from the training split (or given: ``vocabulary``, a resumed run's).
 
-    Example:
-    >>> ds = tokenized(["a good film", "a bad film"] * 5, ["pos", "neg"] * 5, "reviews", length=4)
-    >>> ds.x_train.shape[1], ds.class_names
-    (4, ('neg', 'pos'))
+    Examples:
+        >>> ds = tokenized(["a good film", "a bad film"] * 5, ["pos", "neg"] * 5, "reviews", length=4)
+        >>> ds.x_train.shape[1], ds.class_names
+        (4, ('neg', 'pos'))
     """
     import keras
 
@@ -88,10 +88,10 @@ def load_protected_text(max_tokens: int = 2000, length: int = 32, test_fraction:
                         vocabulary: Sequence[str] | None = None) -> Dataset:
     """The generated reviews of :mod:`heatinv.data.protected_text` (``data=protected_text``), as token ids.
 
-    Example:
-    >>> ds = load_protected_text(length=16)
-    >>> ds.name, ds.class_names, "foreign" in ds.vocabulary
-    ('protected_text', ('negative', 'positive'), True)
+    Examples:
+        >>> ds = load_protected_text(length=16)
+        >>> ds.name, ds.class_names, "foreign" in ds.vocabulary
+        ('protected_text', ('negative', 'positive'), True)
     """
     from heatinv.data.protected_text import protected_reviews
 
@@ -105,10 +105,10 @@ def load_tokens(path: str) -> Dataset:
 
     Read with ``allow_pickle=False``: the vocabulary must be a string array (``np.array(words)``), not objects.
 
-    Example:
-    >>> ds = load_tokens("ids.npz")  # doctest: +SKIP
-    >>> ds.is_text, ds.x_train.dtype  # doctest: +SKIP
-    (True, dtype('int32'))
+    Examples:
+        >>> ds = load_tokens("ids.npz")  # doctest: +SKIP
+        >>> ds.is_text, ds.x_train.dtype  # doctest: +SKIP
+        (True, dtype('int32'))
     """
     import zipfile
 
@@ -144,9 +144,9 @@ def load_tokens(path: str) -> Dataset:
 def numbered_vocabulary(largest: int) -> tuple[str, ...]:
     """Words for ids without any: padding for 0, ``#i`` for id ``i`` up to ``largest``.
 
-    Example:
-    >>> numbered_vocabulary(2)
-    ('', '#1', '#2')
+    Examples:
+        >>> numbered_vocabulary(2)
+        ('', '#1', '#2')
     """
     return ("",) + tuple(f"#{i}" for i in range(1, largest + 1))
 
@@ -154,8 +154,8 @@ def numbered_vocabulary(largest: int) -> tuple[str, ...]:
 def words(ids, vocabulary: tuple[str, ...] | None) -> list[str]:
     """The words of ``ids``, ``<pad>`` for padding (``#id`` without a vocabulary).
 
-    Example:
-    >>> words([2, 1, 0], ("", "[UNK]", "good")), words([5, 0], None)
-    (['good', '[UNK]', '<pad>'], ['#5', '<pad>'])
+    Examples:
+        >>> words([2, 1, 0], ("", "[UNK]", "good")), words([5, 0], None)
+        (['good', '[UNK]', '<pad>'], ['#5', '<pad>'])
     """
     return ["<pad>" if int(i) == 0 else vocabulary[int(i)] if vocabulary is not None else f"#{int(i)}" for i in ids]

@@ -1,12 +1,13 @@
 """The zero-gradient doctor: find, name and fix every reason a gradient comes back all zeros.
 
->>> from heatinv.doctor import diagnose, format_report, HeatmapObjective
->>> from heatinv.lrp import LRP
->>> findings = diagnose(model, x, label, HeatmapObjective(target, LRP(model)))  # doctest: +SKIP
->>> print(format_report(findings))  # doctest: +SKIP
-
 The objective is evaluated twice, in float32 and in float64, and each check in
 :mod:`heatinv.doctor.checks` reports a cause only when the numbers show it.
+
+Examples:
+    >>> from heatinv.doctor import diagnose, format_report, HeatmapObjective
+    >>> from heatinv.lrp import LRP
+    >>> findings = diagnose(model, x, label, HeatmapObjective(target, LRP(model)))  # doctest: +SKIP
+    >>> print(format_report(findings))  # doctest: +SKIP
 """
 
 from __future__ import annotations

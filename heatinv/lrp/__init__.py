@@ -1,18 +1,19 @@
 """Differentiable Layer-wise Relevance Propagation for Keras 3 models.
 
->>> import numpy as np, keras
->>> from heatinv.lrp import relevance
->>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-...                           keras.layers.Dense(3)])
->>> R = relevance(model, np.ones((2, 4), "float32"), target=1, composite="epsilon")
->>> R.shape
-TensorShape([2, 4])
-
 Every operation is an ordinary TensorFlow op on the model's live variables, so a
 ``tf.GradientTape`` differentiates the heatmap with respect to the weights and the input,
 eagerly, inside ``tf.function`` and with ``jit_compile=True``. Transformers (attention,
 LayerNorm, token ids) are explained by AttnLRP or CP-LRP (``composite="attnlrp"``,
 ``"cp_lrp"``; :mod:`heatinv.lrp.attention`).
+
+Examples:
+    >>> import numpy as np, keras
+    >>> from heatinv.lrp import relevance
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+    ...                           keras.layers.Dense(3)])
+    >>> R = relevance(model, np.ones((2, 4), "float32"), target=1, composite="epsilon")
+    >>> R.shape
+    TensorShape([2, 4])
 """
 
 from __future__ import annotations
@@ -87,10 +88,12 @@ class LRP:
             or a mapping ``{"first", "dense", "conv"}`` of rule names (or ``{"name": rule,
             **params}``), optionally with ``"attention"`` (``"attnlrp"`` or ``"cp"``) and
             ``"stabilizer"`` (:mod:`heatinv.lrp.composites`).
-        low, high: the input range, for the ``zbox`` rule.
+        low: the input range's lower end, for the ``zbox`` rule.
+        high: the input range's upper end, for the ``zbox`` rule.
         epsilon: the epsilon rule's epsilon.
         gamma: the gamma rule's gamma.
-        alpha, beta: the alpha-beta rule's parameters (when named without parameters).
+        alpha: the alpha-beta rule's alpha (when named without parameters).
+        beta: the alpha-beta rule's beta (when named without parameters).
         output: ``"logit"`` starts from the target's pre-activation score of the last layer
             (a final softmax or ReLU cannot zero the map); ``"activation"`` from its
             post-activation output.
@@ -101,9 +104,9 @@ class LRP:
             inverse step's peak 1.77x -> 1.30x a training step's, its time 1.31x). First-order
             gradients only (``tf.recompute_grad``).
 
-    Example:
-    >>> lrp = LRP(model, composite="epsilon_plus")  # doctest: +SKIP
-    >>> R = lrp(x, target=3)   # doctest: +SKIP
+    Examples:
+        >>> lrp = LRP(model, composite="epsilon_plus")  # doctest: +SKIP
+        >>> R = lrp(x, target=3)   # doctest: +SKIP
     """
 
     def __init__(
@@ -133,9 +136,9 @@ class LRP:
     def on(self, model: keras.Model) -> "LRP":
         """This explainer's rules on another model of the same layers, e.g. its float64 copy.
 
-        Example:
-        >>> from heatinv.models import with_dtype
-        >>> lrp64 = LRP(model).on(with_dtype(model, "float64"))  # doctest: +SKIP
+        Examples:
+            >>> from heatinv.models import with_dtype
+            >>> lrp64 = LRP(model).on(with_dtype(model, "float64"))  # doctest: +SKIP
         """
         other = copy.copy(self)
         other.model = model
@@ -236,13 +239,20 @@ def relevance(
         x: ``[batch, *input_shape]`` floating input.
         target: the class to explain: an int, ``[batch]`` or ``[batch, 1]`` ints, or a one-hot ``[batch, classes]``
             (see :func:`target_mask`).
-        composite, low, high, epsilon, gamma, alpha, beta, output: see :class:`LRP`.
+        composite: see :class:`LRP`.
+        low: see :class:`LRP`.
+        high: see :class:`LRP`.
+        epsilon: see :class:`LRP`.
+        gamma: see :class:`LRP`.
+        alpha: see :class:`LRP`.
+        beta: see :class:`LRP`.
+        output: see :class:`LRP`.
 
     Returns:
         ``R`` with the shape and dtype of ``x``.
 
-    Example:
-    >>> R = relevance(model, x, target=7, composite="epsilon_gamma_box")  # doctest: +SKIP
+    Examples:
+        >>> R = relevance(model, x, target=7, composite="epsilon_gamma_box")  # doctest: +SKIP
     """
     lrp = LRP(model, composite, low=low, high=high, epsilon=epsilon, gamma=gamma, alpha=alpha, beta=beta, output=output)
     return lrp(x, target)
@@ -268,9 +278,9 @@ def reads_tokens(steps) -> bool:
 def model_input(x, model: keras.Model, *, tokens: bool = False) -> tf.Tensor:
     """``x`` as a tensor, checked to be a floating batch of the model's input shape (integer token ids where ``tokens``).
 
-    Example:
-    >>> model_input(np.ones((2, 4), "float32"), keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])).shape
-    TensorShape([2, 4])
+    Examples:
+        >>> model_input(np.ones((2, 4), "float32"), keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])).shape
+        TensorShape([2, 4])
     """
     x = tf.convert_to_tensor(x)
     if tokens and not x.dtype.is_integer:
@@ -329,10 +339,10 @@ def target_mask(target, logits: tf.Tensor) -> tf.Tensor:
             except under XLA, which drops assertions: there an index out of range selects
             nothing.
 
-    Example:
-    >>> target_mask([2, 0], tf.zeros([2, 3])).numpy()
-    array([[0., 0., 1.],
-           [1., 0., 0.]], dtype=float32)
+    Examples:
+        >>> target_mask([2, 0], tf.zeros([2, 3])).numpy()
+        array([[0., 0., 1.],
+               [1., 0., 0.]], dtype=float32)
     """
     if logits.shape.rank != 2:
         raise UnsupportedLayerError(

@@ -143,6 +143,50 @@ _OP_WITH_CONSTANT = ("Add", "Subtract", "Multiply", "Divide", "TrueDivide")
 _GATES = (keras.activations.sigmoid, keras.activations.hard_sigmoid)
 
 
+@dataclass(frozen=True)
+class LayerKind:
+    """Keras layers that pass relevance the same way: one row of the documentation's layers table.
+
+    Attributes:
+        name: what the layers are, in a few words.
+        classes: the Keras classes (their subclasses too, unless they override ``call``).
+        relevance: how relevance passes through them, in Markdown.
+    """
+
+    name: str
+    classes: tuple[type, ...]
+    relevance: str
+
+
+LAYER_KINDS: tuple[LayerKind, ...] = (
+    LayerKind("dense", (*_DENSE, *_EINSUM), "the composite's `dense` rule (`first` where the input reaches it without another linear layer); an EinsumDense of any equation and `bias_axes`"),
+    LayerKind("convolution", (*_CONV, *_DEPTHWISE, *_SEPARABLE), "the composite's `conv` rule (`first` likewise), with strides, dilation and groups; a SeparableConv as a depthwise then a pointwise step"),
+    LayerKind("attention", (keras.layers.MultiHeadAttention,), "the composite's attention rule: AttnLRP (softmax rule, uniform rule on `q k^T` and `A v`) or CP-LRP (`A` held constant); its projections by the `dense` rule; self- and cross-attention, causal and sliding-window masks"),
+    LayerKind("normalization", _NORMALIZE, "over the last axis, `gamma / sigma` held constant (AttnLRP's LayerNorm rule)"),
+    LayerKind("embedding", (keras.layers.Embedding,), "of the model's integer input: relevance stops at each token's vector and is summed over it"),
+    LayerKind("learned shift", (PositionEmbedding,), "`x + b`: split as in a sum, `b` absorbs its share"),
+    LayerKind("average pooling", _AVERAGE, "in proportion to each input's share of the window's sum (Zennit's norm rule)"),
+    LayerKind("max pooling", _MAX, "winner takes all: each window's relevance to its first maximal input"),
+    LayerKind("activation", _ELEMENTWISE, "passed unchanged (any Keras activation; ReLU with `max_value`)"),
+    LayerKind("affine", _AFFINE, "BatchNormalization after a Dense/Conv without activation is folded into it; elsewhere, and Rescaling and Normalization, pass relevance unchanged"),
+    LayerKind("reshape", _RESHAPE, "reshaped back to the input's shape"),
+    LayerKind("rearrange", _REARRANGE, "each entry's relevance back to where it came from; padding's zeros get none"),
+    LayerKind("merge", tuple(_MERGE), "Add, Average, Subtract: in proportion to each operand's share of the sum; Concatenate: by position; Multiply: a sigmoid gate gets none, otherwise split equally"),
+    LayerKind("inference identity", _VANISH, "nothing to do: dropout, noise and random augmentation are the identity in inference"),
+)
+"""Every Keras layer class the engine explains, grouped by how relevance passes; :func:`canonize` refuses others."""
+
+OP_KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("a tensor and a constant", _OP_WITH_CONSTANT, "passed unchanged, as by an activation (`x + 3`, `x * (1/6)`)"),
+    ("two tensors", tuple(_OP_MERGE), "as the merge layer of its kind"),
+    ("a mean over an axis", ("Mean",), "as average pooling (keras-hub's ViT pools its tokens so)"),
+    ("a constant slice", ("GetItem",), "each entry of the slice takes its relevance back, the others none (`x[:, 0]`: a [CLS] token)"),
+)
+"""Keras ops written into a functional model that the engine explains: (what they combine, op class names, how)."""
+
+_EXPLAINED = tuple(cls for kind in LAYER_KINDS for cls in kind.classes)
+
+
 @dataclass
 class Linear:
     """A Dense, EinsumDense, Conv or DepthwiseConv layer (or one half of a SeparableConv), BatchNorm folded.
@@ -255,13 +299,13 @@ class Linear:
         """``[x K_j for each j]`` (no bias) as one map: the kernels side by side, or, where the
         map :attr:`runs_by_taps`, one matrix product per kernel on the input's patches, taken once.
 
-        Example:
-        >>> layer = Linear(keras.layers.Conv2D(2, 3, padding="same"))
-        >>> layer.layer.build((None, 5, 5, 1))
-        >>> x, kernel = tf.random.normal([1, 5, 5, 1]), tf.random.normal([3, 3, 1, 2])
-        >>> product, positive = layer.affine_each(x, [kernel, tf.maximum(kernel, 0.0)])
-        >>> bool(tf.reduce_max(tf.abs(product - tf.nn.convolution(x, kernel, padding="SAME"))) < 1e-5)
-        True
+        Examples:
+            >>> layer = Linear(keras.layers.Conv2D(2, 3, padding="same"))
+            >>> layer.layer.build((None, 5, 5, 1))
+            >>> x, kernel = tf.random.normal([1, 5, 5, 1]), tf.random.normal([3, 3, 1, 2])
+            >>> product, positive = layer.affine_each(x, [kernel, tf.maximum(kernel, 0.0)])
+            >>> bool(tf.reduce_max(tf.abs(product - tf.nn.convolution(x, kernel, padding="SAME"))) < 1e-5)
+            True
         """
         if not self._by_taps(kernels[0]):
             return tf.split(self.affine(x, tf.concat(kernels, axis=-1), None), len(kernels), axis=-1)
@@ -815,11 +859,11 @@ def fold_batch_norm(
     ``scale = g / sqrt(var + eps)``, scaling the kernel's last (output-channel) axis, for a
     kernel of any rank.
 
-    Example:
-    >>> bn = keras.layers.BatchNormalization(); bn.build((None, 3))
-    >>> k, b = fold_batch_norm(tf.ones([2, 3]), tf.zeros([3]), bn)
-    >>> k.shape, b.shape
-    (TensorShape([2, 3]), TensorShape([3]))
+    Examples:
+        >>> bn = keras.layers.BatchNormalization(); bn.build((None, 3))
+        >>> k, b = fold_batch_norm(tf.ones([2, 3]), tf.zeros([3]), bn)
+        >>> k.shape, b.shape
+        (TensorShape([2, 3]), TensorShape([3]))
     """
     dtype = kernel.dtype
     variance = tf.cast(batch_norm.moving_variance, dtype)
@@ -839,10 +883,10 @@ def canonize(model: keras.Model) -> list[Step]:
     BatchNorm is folded into the Dense/Conv step before it when it alone reads that step's
     output and the step has no activation; Dropout, Identity and InputLayer are dropped.
 
-    Example:
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu")])
-    >>> [type(step).__name__ for step in canonize(model)]
-    ['Linear']
+    Examples:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu")])
+        >>> [type(step).__name__ for step in canonize(model)]
+        ['Linear']
     """
     calls = layer_graph(model)
     readers = [0] * len(calls)
@@ -977,9 +1021,7 @@ def _check_own_call(layer) -> None:
 
 def _has_rule(cls: type) -> bool:
     """Whether layers of class ``cls`` become a step (or vanish) in :func:`canonize`."""
-    kinds = (*_DENSE, *_EINSUM, *_CONV, *_DEPTHWISE, *_SEPARABLE, *_AVERAGE, *_MAX, *_ELEMENTWISE, *_VANISH, *_RESHAPE)
-    transformer = (keras.layers.MultiHeadAttention, keras.layers.Embedding, PositionEmbedding, *_NORMALIZE)
-    return issubclass(cls, (*kinds, *_REARRANGE, *_AFFINE, *_MERGE, *transformer))
+    return issubclass(cls, _EXPLAINED)
 
 
 def _no_rule(layer) -> str:

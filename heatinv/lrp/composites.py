@@ -61,10 +61,10 @@ class Composite:
 def resolve(composite: str | Mapping, **defaults: float) -> Composite:
     """Build a :class:`Composite` from a registered name or a ``first``/``dense``/``conv`` mapping.
 
-    Example:
-    >>> c = resolve({"first": "zbox", "dense": "epsilon", "conv": {"name": "gamma", "gamma": 0.5}})
-    >>> c.first.name, c.dense.name, c.conv.name
-    ('zbox', 'epsilon', 'gamma')
+    Examples:
+        >>> c = resolve({"first": "zbox", "dense": "epsilon", "conv": {"name": "gamma", "gamma": 0.5}})
+        >>> c.first.name, c.dense.name, c.conv.name
+        ('zbox', 'epsilon', 'gamma')
     """
     if isinstance(composite, str):
         if composite not in COMPOSITES:

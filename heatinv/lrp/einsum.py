@@ -16,9 +16,9 @@ import tensorflow as tf
 def parse(equation: str) -> tuple[str, str, str]:
     """``"ab,bc->ac"`` as ``("ab", "bc", "ac")``, spaces removed.
 
-    Example:
-    >>> parse("abc,cde->abde")
-    ('abc', 'cde', 'abde')
+    Examples:
+        >>> parse("abc,cde->abde")
+        ('abc', 'cde', 'abde')
     """
     equation = equation.replace(" ", "")
     if "->" not in equation or equation.count(",") != 1:
@@ -41,10 +41,10 @@ def adjoint(equation: str, cotangent: tf.Tensor, other: tf.Tensor, like: tf.Tens
     Returns:
         ``J^T cotangent``, shaped like ``like``.
 
-    Example:
-    >>> x, y = tf.ones([2, 3]), tf.reshape(tf.range(12.0), [3, 4])
-    >>> adjoint("ab,bc->ac", tf.ones([2, 4]), y, x, operand=0).numpy()[0].tolist()
-    [6.0, 22.0, 38.0]
+    Examples:
+        >>> x, y = tf.ones([2, 3]), tf.reshape(tf.range(12.0), [3, 4])
+        >>> adjoint("ab,bc->ac", tf.ones([2, 4]), y, x, operand=0).numpy()[0].tolist()
+        [6.0, 22.0, 38.0]
     """
     first, second, output = parse(equation)
     target, held = (first, second) if operand == 0 else (second, first)

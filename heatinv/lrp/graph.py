@@ -61,12 +61,12 @@ def layer_graph(model: keras.Model) -> list[Call]:
         UnsupportedLayerError: for subclassed models, several inputs or outputs, or ops with
             several outputs.
 
-    Example:
-    >>> inputs = keras.Input((4,))
-    >>> hidden = keras.layers.Dense(3)(inputs)
-    >>> model = keras.Model(inputs, keras.layers.Add()([hidden, hidden]))
-    >>> [(call.name, call.sources) for call in layer_graph(model)][-1][1]
-    (0, 0)
+    Examples:
+        >>> inputs = keras.Input((4,))
+        >>> hidden = keras.layers.Dense(3)(inputs)
+        >>> model = keras.Model(inputs, keras.layers.Add()([hidden, hidden]))
+        >>> [(call.name, call.sources) for call in layer_graph(model)][-1][1]
+        (0, 0)
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"Expected a Keras model, got {type(model).__name__}.")

@@ -263,9 +263,9 @@ def token_model(model: keras.Model, padding_id: int = 0) -> keras.Model:
     Returns:
         A functional model ``[batch, tokens]`` int32 ids ``->`` ``model``'s output.
 
-    Example:
-    >>> classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None)  # doctest: +SKIP
-    >>> R = relevance(token_model(classifier), ids, target=1, composite="attnlrp")  # doctest: +SKIP
+    Examples:
+        >>> classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None)  # doctest: +SKIP
+        >>> R = relevance(token_model(classifier), ids, target=1, composite="attnlrp")  # doctest: +SKIP
     """
     try:
         structure = model.input
@@ -313,9 +313,9 @@ def next_token_model(causal_lm: keras.Model, padding_id: int = 0) -> keras.Model
     Returns:
         A functional model ``[batch, tokens]`` int32 ids ``->`` ``[batch, vocabulary]`` logits.
 
-    Example:
-    >>> lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)  # doctest: +SKIP
-    >>> R = relevance(next_token_model(lm), ids, target=next_id, composite="attnlrp")  # doctest: +SKIP
+    Examples:
+        >>> lm = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)  # doctest: +SKIP
+        >>> R = relevance(next_token_model(lm), ids, target=next_id, composite="attnlrp")  # doctest: +SKIP
     """
     backbone = getattr(causal_lm, "backbone", causal_lm)
     structure = getattr(backbone, "input", None) if isinstance(backbone, keras.Model) else None

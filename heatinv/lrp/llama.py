@@ -49,10 +49,10 @@ def rotate(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
     ``x``: ``[batch, tokens, heads, head_dim]``; ``cos``, ``sin``: broadcastable to it. With
     ``-sin`` it is the transpose (the inverse rotation).
 
-    Example:
-    >>> x = tf.constant([[[[1.0, 0.0]]]])
-    >>> rotate(x, tf.constant(0.0), tf.constant(1.0)).numpy().ravel().tolist()
-    [0.0, 1.0]
+    Examples:
+        >>> x = tf.constant([[[[1.0, 0.0]]]])
+        >>> rotate(x, tf.constant(0.0), tf.constant(1.0)).numpy().ravel().tolist()
+        [0.0, 1.0]
     """
     first, second = tf.split(x, 2, axis=-1)
     return x * cos + tf.concat([-second, first], axis=-1) * sin
@@ -61,9 +61,9 @@ def rotate(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
 def repeat_heads(x: tf.Tensor, groups: int) -> tf.Tensor:
     """Each of the ``[batch, tokens, heads, dim]`` heads repeated ``groups`` times in a row (``ops.repeat``).
 
-    Example:
-    >>> repeat_heads(tf.reshape(tf.range(2.0), [1, 1, 2, 1]), 2).numpy().ravel().tolist()
-    [0.0, 0.0, 1.0, 1.0]
+    Examples:
+        >>> repeat_heads(tf.reshape(tf.range(2.0), [1, 1, 2, 1]), 2).numpy().ravel().tolist()
+        [0.0, 0.0, 1.0, 1.0]
     """
     return x if groups == 1 else tf.repeat(x, groups, axis=2)
 
@@ -71,9 +71,9 @@ def repeat_heads(x: tf.Tensor, groups: int) -> tf.Tensor:
 def sum_heads(relevance: tf.Tensor, groups: int) -> tf.Tensor:
     """The adjoint of :func:`repeat_heads`: each head's copies' relevance summed.
 
-    Example:
-    >>> sum_heads(tf.reshape(tf.range(4.0), [1, 1, 4, 1]), 2).numpy().ravel().tolist()
-    [1.0, 5.0]
+    Examples:
+        >>> sum_heads(tf.reshape(tf.range(4.0), [1, 1, 4, 1]), 2).numpy().ravel().tolist()
+        [1.0, 5.0]
     """
     if groups == 1:
         return relevance

@@ -83,15 +83,15 @@ def max_pool_with_mask(pool: Callable[[tf.Tensor], tf.Tensor], a: tf.Tensor) -> 
     Where oneDNN's kernels run (:func:`heatinv.onednn.onednn_enabled`), the pooling keeps
     its own gradient, oneDNN's ``MaxPoolGrad``, and the mask serves the routing.
 
-    Example:
-    >>> pool = lambda x: tf.nn.max_pool2d(x, 2, 2, "VALID")
-    >>> pool.window = lambda x: (2, 2)
-    >>> a = tf.constant([[1.0, 3.0], [3.0, 0.0]])[None, :, :, None]
-    >>> with tf.GradientTape() as tape:
-    ...     tape.watch(a)
-    ...     pooled, mask = max_pool_with_mask(pool, a)
-    >>> mask[0, :, :, 0].numpy().tolist(), tape.gradient(pooled, a)[0, :, :, 0].numpy().tolist()
-    ([[0.0, 1.0], [0.0, 0.0]], [[0.0, 1.0], [0.0, 0.0]])
+    Examples:
+        >>> pool = lambda x: tf.nn.max_pool2d(x, 2, 2, "VALID")
+        >>> pool.window = lambda x: (2, 2)
+        >>> a = tf.constant([[1.0, 3.0], [3.0, 0.0]])[None, :, :, None]
+        >>> with tf.GradientTape() as tape:
+        ...     tape.watch(a)
+        ...     pooled, mask = max_pool_with_mask(pool, a)
+        >>> mask[0, :, :, 0].numpy().tolist(), tape.gradient(pooled, a)[0, :, :, 0].numpy().tolist()
+        ([[0.0, 1.0], [0.0, 0.0]], [[0.0, 1.0], [0.0, 0.0]])
     """
     size = mask_window(pool, a)
     if size is None or not record.should_record_backprop([a]):

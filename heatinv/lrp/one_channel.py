@@ -31,10 +31,10 @@ def patches_of(x: tf.Tensor, size: tuple[int, int], padding: str) -> tf.Tensor:
         ``[batch, height', width', kh * kw * channels]``: tap ``(dy, dx)`` of channel ``c`` at
         ``(dy * kw + dx) * channels + c``, the order of a kernel ``[kh, kw, channels, ...]`` reshaped.
 
-    Example:
-    >>> x = tf.reshape(tf.range(9.0), [1, 3, 3, 1])
-    >>> patches_of(x, (3, 3), "VALID").numpy().ravel()
-    array([0., 1., 2., 3., 4., 5., 6., 7., 8.], dtype=float32)
+    Examples:
+        >>> x = tf.reshape(tf.range(9.0), [1, 3, 3, 1])
+        >>> patches_of(x, (3, 3), "VALID").numpy().ravel()
+        array([0., 1., 2., 3., 4., 5., 6., 7., 8.], dtype=float32)
     """
     kh, kw = size
     before, after = _same_padding(size) if padding == "SAME" else ((0, 0), (0, 0))
@@ -69,14 +69,14 @@ def single_channel_transpose(s, kernel, padding: str) -> tf.Tensor:
     Returns:
         ``[batch, height, width, 1]``, shaped like the convolution's input.
 
-    Example:
-    >>> s, kernel = tf.random.normal([2, 5, 5, 4]), tf.random.normal([3, 3, 1, 4])
-    >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
-    >>> bool(tf.reduce_max(tf.abs(single_channel_transpose(s, kernel, "SAME") - expected)) < 1e-5)
-    True
-    >>> halves = single_channel_transpose([s[..., :2], s[..., 2:]], [kernel[..., :2], kernel[..., 2:]], "SAME")
-    >>> bool(tf.reduce_max(tf.abs(halves - expected)) < 1e-5)
-    True
+    Examples:
+        >>> s, kernel = tf.random.normal([2, 5, 5, 4]), tf.random.normal([3, 3, 1, 4])
+        >>> expected = tf.nn.conv_transpose(s, kernel, [2, 5, 5, 1], 1, "SAME")
+        >>> bool(tf.reduce_max(tf.abs(single_channel_transpose(s, kernel, "SAME") - expected)) < 1e-5)
+        True
+        >>> halves = single_channel_transpose([s[..., :2], s[..., 2:]], [kernel[..., :2], kernel[..., 2:]], "SAME")
+        >>> bool(tf.reduce_max(tf.abs(halves - expected)) < 1e-5)
+        True
     """
     if not onednn_enabled():
         return transpose_by_taps(s, kernel, padding)
@@ -181,11 +181,11 @@ def single_channel_transpose_each(s: tf.Tensor, kernels: list, padding: str) -> 
     Returns:
         A list of ``[batch, height, width, 1]``, one per kernel, shaped like the convolution's input.
 
-    Example:
-    >>> s, kernels = tf.random.normal([2, 5, 5, 4]), [tf.random.normal([3, 3, 1, 4]) for _ in range(2)]
-    >>> expected = [tf.nn.conv_transpose(s, k, [2, 5, 5, 1], 1, "SAME") for k in kernels]
-    >>> [bool(tf.reduce_max(tf.abs(got - want)) < 1e-5) for got, want in zip(single_channel_transpose_each(s, kernels, "SAME"), expected)]
-    [True, True]
+    Examples:
+        >>> s, kernels = tf.random.normal([2, 5, 5, 4]), [tf.random.normal([3, 3, 1, 4]) for _ in range(2)]
+        >>> expected = [tf.nn.conv_transpose(s, k, [2, 5, 5, 1], 1, "SAME") for k in kernels]
+        >>> [bool(tf.reduce_max(tf.abs(got - want)) < 1e-5) for got, want in zip(single_channel_transpose_each(s, kernels, "SAME"), expected)]
+        [True, True]
     """
     per_channel_map = _depthwise_transpose_map(kernels[0].shape[:2], padding)
 

@@ -250,13 +250,13 @@ def positive_product_steps(steps: list[Step], composite: Composite) -> set[int]:
     takes it. With ``epsilon_alpha2_beta1`` the cnn's inverse step took 0.89 of the time at
     batch 64 and 256 with the map and ``a W+`` both on the patches (2-core AMD EPYC).
 
-    Example:
-    >>> model = keras.Sequential([keras.Input((8, 8, 2)), keras.layers.Conv2D(2, 3, activation="relu"),
-    ...                           keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(2)])
-    >>> from heatinv.lrp.canonical import canonize
-    >>> from heatinv.lrp.composites import resolve
-    >>> sorted(positive_product_steps(canonize(model), resolve("epsilon_plus"))) == ([] if onednn_enabled() else [1])
-    True
+    Examples:
+        >>> model = keras.Sequential([keras.Input((8, 8, 2)), keras.layers.Conv2D(2, 3, activation="relu"),
+        ...                           keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(2)])
+        >>> from heatinv.lrp.canonical import canonize
+        >>> from heatinv.lrp.composites import resolve
+        >>> sorted(positive_product_steps(canonize(model), resolve("epsilon_plus"))) == ([] if onednn_enabled() else [1])
+        True
     """
     if onednn_enabled():
         return set()
@@ -292,12 +292,12 @@ def nonnegative_steps(steps: list[Step]) -> set[int]:
     its terms: the same values, and the same gradients, since a ReLU's gradient is zero
     wherever its output is.
 
-    Example:
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
-    ...                           keras.layers.Dense(2)])
-    >>> from heatinv.lrp.canonical import canonize
-    >>> sorted(nonnegative_steps(canonize(model)))
-    [0]
+    Examples:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+        ...                           keras.layers.Dense(2)])
+        >>> from heatinv.lrp.canonical import canonize
+        >>> sorted(nonnegative_steps(canonize(model)))
+        [0]
     """
     nonnegative: set[int] = set()
     for i, step in enumerate(steps):
@@ -340,13 +340,13 @@ def rectified_steps(steps: list[Step], composite: Composite, start: int) -> set[
     ``z < 0`` terms there: the same values and, since the ReLU's gradient is zero there too,
     the same gradients.
 
-    Example:
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
-    ...                           keras.layers.Dense(2)])
-    >>> from heatinv.lrp.canonical import canonize
-    >>> from heatinv.lrp.composites import resolve
-    >>> sorted(rectified_steps(canonize(model), resolve("epsilon"), start=1))
-    [0]
+    Examples:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+        ...                           keras.layers.Dense(2)])
+        >>> from heatinv.lrp.canonical import canonize
+        >>> from heatinv.lrp.composites import resolve
+        >>> sorted(rectified_steps(canonize(model), resolve("epsilon"), start=1))
+        [0]
     """
     first = first_linear_steps(steps)
     readers: dict[int, list[int]] = {i: [] for i in range(len(steps))}

@@ -25,9 +25,9 @@ def input_proportional_rule(explainer) -> str | None:
     that only move entries (Flatten, Reshape, ZeroPadding, Cropping, Permute): a Rescaling or
     Normalization can turn a 0 into a value that gets relevance, and is not followed here.
 
-    Example:
-    >>> input_proportional_rule(LRP(mlp, "epsilon")), input_proportional_rule(LRP(mlp, "epsilon_gamma_box"))  # doctest: +SKIP
-    ('epsilon', None)
+    Examples:
+        >>> input_proportional_rule(LRP(mlp, "epsilon")), input_proportional_rule(LRP(mlp, "epsilon_gamma_box"))  # doctest: +SKIP
+        ('epsilon', None)
     """
     steps = explainer.steps
     moved_only = {MODEL_INPUT}
@@ -55,9 +55,9 @@ def best_cosine(x: np.ndarray, targets: np.ndarray) -> np.ndarray:
     Returns:
         ``[N]`` float64, ``||t_S|| / ||t||``; NaN where the target is all 0.
 
-    Example:
-    >>> best_cosine(np.array([[0.0, 2.0]]), np.array([[3.0, 4.0]])).tolist()
-    [0.8]
+    Examples:
+        >>> best_cosine(np.array([[0.0, 2.0]]), np.array([[3.0, 4.0]])).tolist()
+        [0.8]
     """
     x, targets = np.asarray(x), np.asarray(targets, np.float64)
     if targets.shape == x.shape:

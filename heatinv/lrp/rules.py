@@ -78,9 +78,9 @@ def stabilize(z: tf.Tensor, epsilon: float) -> tf.Tensor:
     Unlike ``tf.where(z != 0, r / z, 0)``, whose gradient is NaN wherever ``z == 0``, this
     keeps both the value and its derivatives finite.
 
-    Example:
-    >>> stabilize(tf.constant([-1.0, 0.0, 2.0]), 0.5).numpy()
-    array([-1.5,  0.5,  2.5], dtype=float32)
+    Examples:
+        >>> stabilize(tf.constant([-1.0, 0.0, 2.0]), 0.5).numpy()
+        array([-1.5,  0.5,  2.5], dtype=float32)
     """
     epsilon = tf.convert_to_tensor(epsilon, dtype=z.dtype)
     # +-epsilon from a 0/1 mask, exactly (2 eps - eps = eps): on a CPU a third faster than a
@@ -95,9 +95,9 @@ def stabilized_ratio(relevance: tf.Tensor, z: tf.Tensor, epsilon: float) -> tf.T
     ops where TensorFlow's gradient of a division takes five, and no reduction to undo a
     broadcast (on the cnn's inverse step the divisions' gradients were a tenth of the time).
 
-    Example:
-    >>> stabilized_ratio(tf.constant([1.0, 1.0]), tf.constant([-1.0, 0.0]), 0.5).numpy()
-    array([-0.6666667,  2.       ], dtype=float32)
+    Examples:
+        >>> stabilized_ratio(tf.constant([1.0, 1.0]), tf.constant([-1.0, 0.0]), 0.5).numpy()
+        array([-0.6666667,  2.       ], dtype=float32)
     """
     if not relevance.shape.is_compatible_with(z.shape):
         raise ValueError(f"stabilized_ratio divides tensors of one shape; got {relevance.shape} and {z.shape}.")
@@ -156,11 +156,11 @@ def stacks(layer: LinearMap, kernel: tf.Tensor, x: tf.Tensor | None) -> bool:
     layers unstacked, on a 2-core AMD EPYC; the cnn's layers (9 and 144 taps at 784 and 196
     positions) stay stacked, 0.99-1.02x either way there.
 
-    Example:
-    >>> class Conv:
-    ...     stackable = True
-    >>> stacks(Conv(), tf.zeros([3, 3, 16, 32]), tf.zeros([1, 14, 14, 16])), stacks(Conv(), tf.zeros([3, 3, 512, 512]), tf.zeros([1, 2, 2, 512]))
-    (True, False)
+    Examples:
+        >>> class Conv:
+        ...     stackable = True
+        >>> stacks(Conv(), tf.zeros([3, 3, 16, 32]), tf.zeros([1, 14, 14, 16])), stacks(Conv(), tf.zeros([3, 3, 512, 512]), tf.zeros([1, 2, 2, 512]))
+        (True, False)
     """
     if not getattr(layer, "stackable", False):
         return False
@@ -171,12 +171,12 @@ def stacks(layer: LinearMap, kernel: tf.Tensor, x: tf.Tensor | None) -> bool:
 def transpose_sum(layer: LinearMap, cotangents: list, kernels: list, like: tf.Tensor) -> tf.Tensor:
     """``sum_j K_j^T s_j``: one transposed map, given the pairs, where the layer allows.
 
-    Example:
-    >>> class Dense:
-    ...     stackable = True
-    ...     def transpose(self, s, kernel, like): return tf.concat(s, -1) @ tf.transpose(tf.concat(kernel, -1))
-    >>> float(transpose_sum(Dense(), [tf.ones([1, 1])] * 2, [tf.ones([2, 1]), 2 * tf.ones([2, 1])], None)[0, 0])
-    3.0
+    Examples:
+        >>> class Dense:
+        ...     stackable = True
+        ...     def transpose(self, s, kernel, like): return tf.concat(s, -1) @ tf.transpose(tf.concat(kernel, -1))
+        >>> float(transpose_sum(Dense(), [tf.ones([1, 1])] * 2, [tf.ones([2, 1]), 2 * tf.ones([2, 1])], None)[0, 0])
+        3.0
     """
     if not stacks(layer, kernels[0], like):
         return tf.add_n([layer.transpose(s, kernel, like) for s, kernel in zip(cotangents, kernels)])
@@ -186,12 +186,12 @@ def transpose_sum(layer: LinearMap, cotangents: list, kernels: list, like: tf.Te
 def affine_sum(layer: LinearMap, inputs: list, kernels: list) -> tf.Tensor:
     """``sum_i x_i K_i`` (no bias): one map over the inputs side by side where the layer allows.
 
-    Example:
-    >>> class Dense:
-    ...     stackable = True
-    ...     def affine(self, x, kernel, bias): return x @ kernel
-    >>> float(affine_sum(Dense(), [tf.ones([1, 2]), 2 * tf.ones([1, 2])], [tf.ones([2, 1]), tf.ones([2, 1])])[0, 0])
-    6.0
+    Examples:
+        >>> class Dense:
+        ...     stackable = True
+        ...     def affine(self, x, kernel, bias): return x @ kernel
+        >>> float(affine_sum(Dense(), [tf.ones([1, 2]), 2 * tf.ones([1, 2])], [tf.ones([2, 1]), tf.ones([2, 1])])[0, 0])
+        6.0
     """
     if not stacks(layer, kernels[0], inputs[0]):
         return tf.add_n([layer.affine(x, kernel, None) for x, kernel in zip(inputs, kernels)])
@@ -201,15 +201,15 @@ def affine_sum(layer: LinearMap, inputs: list, kernels: list) -> tf.Tensor:
 def transpose_each(layer: LinearMap, s: tf.Tensor, kernels: list, like: tf.Tensor) -> list[tf.Tensor]:
     """``[K_i^T s for each i]``, each shaped like ``like``: one transposed map where the layer allows.
 
-    Example:
-    >>> class Dense:
-    ...     stackable = True
-    ...     def transpose(self, s, kernel, like):
-    ...         if isinstance(kernel, list):
-    ...             return tf.split(s @ tf.transpose(tf.concat(kernel, 0)), len(kernel), axis=-1)
-    ...         return s @ tf.transpose(kernel)
-    >>> [float(g[0, 0]) for g in transpose_each(Dense(), tf.ones([1, 1]), [tf.ones([1, 1]), -tf.ones([1, 1])], None)]
-    [1.0, -1.0]
+    Examples:
+        >>> class Dense:
+        ...     stackable = True
+        ...     def transpose(self, s, kernel, like):
+        ...         if isinstance(kernel, list):
+        ...             return tf.split(s @ tf.transpose(tf.concat(kernel, 0)), len(kernel), axis=-1)
+        ...         return s @ tf.transpose(kernel)
+        >>> [float(g[0, 0]) for g in transpose_each(Dense(), tf.ones([1, 1]), [tf.ones([1, 1]), -tf.ones([1, 1])], None)]
+        [1.0, -1.0]
     """
     if not stacks(layer, kernels[0], like):
         return [layer.transpose(s, kernel, like) for kernel in kernels]
@@ -325,13 +325,13 @@ def sided_transpose(layer: LinearMap, s: tf.Tensor, up_side: tf.Tensor, up: tf.T
     pass: ResNet50's inverse step at 224x224, batch 8, took 1,685 MiB keeping them, 1,423 MiB
     without (on its widest layers they are two tensors of the output's size each).
 
-    Example:
-    >>> class Dense:
-    ...     stackable = False
-    ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
-    >>> float(sided_transpose(Dense(), tf.constant([[1.0, 1.0]]), tf.constant([[True, False]]),
-    ...                       tf.constant([[2.0, 0.0]]), tf.constant([[0.0, 3.0]]), None)[0, 0])
-    5.0
+    Examples:
+        >>> class Dense:
+        ...     stackable = False
+        ...     def transpose(self, s, kernel, like): return s @ tf.transpose(kernel)
+        >>> float(sided_transpose(Dense(), tf.constant([[1.0, 1.0]]), tf.constant([[True, False]]),
+        ...                       tf.constant([[2.0, 0.0]]), tf.constant([[0.0, 3.0]]), None)[0, 0])
+        5.0
     """
 
     def sides(s):
@@ -379,9 +379,9 @@ def zbox(a, kernel, bias, relevance, layer, *, low: float = 0.0, high: float = 1
 def known_zero(bound) -> bool:
     """Whether ``bound`` is a number or array (not a tensor) that is zero everywhere.
 
-    Example:
-    >>> known_zero(0.0), known_zero(np.zeros(3)), known_zero(1.0), known_zero(tf.zeros([3]))
-    (True, True, False, False)
+    Examples:
+        >>> known_zero(0.0), known_zero(np.zeros(3)), known_zero(1.0), known_zero(tf.zeros([3]))
+        (True, True, False, False)
     """
     return bound is not None and not tf.is_tensor(bound) and not np.any(bound)
 
@@ -471,10 +471,10 @@ def make_rule(name: str, **params: float) -> Rule:
     Parameters the rule does not take are ignored, so one set of defaults serves a whole
     composite.
 
-    Example:
-    >>> rule = make_rule("alpha_beta", alpha=2.0, beta=1.0, epsilon=1e-6)
-    >>> rule.name
-    'alpha_beta'
+    Examples:
+        >>> rule = make_rule("alpha_beta", alpha=2.0, beta=1.0, epsilon=1e-6)
+        >>> rule.name
+        'alpha_beta'
     """
     if name not in RULES:
         raise ValueError(f"Unknown LRP rule {name!r}; expected one of {sorted(RULES)}.")
