@@ -325,7 +325,7 @@ class Linear:
         own convolution of one channel runs at a fraction of its speed on more: at ``[256,
         28, 28, 1]`` to 16 channels, 17.0 ms forward and 11.4 ms for the filter gradient
         against 12.3 ms for the patches (once for all products) and 5.2 and 3.2 ms per
-        product, on the 2-core AMD EPYC of ``docs/notes/speed.md``; with oneDNN's kernels the
+        product, on the 2-core AMD EPYC of the speed notes (``git log -- docs/notes/speed.md``); with oneDNN's kernels the
         convolution took 5.6 and 3.4 ms.
         """
         whole_conv = self.map == "conv" and self.part == "whole"  # a SeparableConv's halves have no `kernel`

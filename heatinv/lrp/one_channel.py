@@ -55,7 +55,7 @@ def single_channel_transpose(s, kernel, padding: str) -> tf.Tensor:
     A map to one channel is slow as TensorFlow's ``conv_transpose``; which other form is
     fastest depends on whether TensorFlow runs oneDNN's CPU kernels
     (:func:`heatinv.onednn.onednn_enabled`). Measured on the 2-core AMD EPYC of
-    ``docs/notes/speed.md``, 32 channels to 1 at ``[256, 28, 28]`` with both gradients, ms:
+    the speed notes (in git history: ``git log -- docs/notes/speed.md``), 32 channels to 1 at ``[256, 28, 28]`` with both gradients, ms:
     oneDNN off (this CPU's default): ``conv_transpose`` 47.6, depthwise 63.0, taps 36.5;
     oneDNN on (the default on CPUs with AVX-512): 33.4, 23.4, 34.3. Both forms equal
     ``tf.nn.conv_transpose`` up to the order of the sums.
