@@ -50,6 +50,7 @@ def manipulate(
     learning_rate: float | None = None,
     test_split: float = 0.2,
     vocabulary=None,
+    feature_names=None,
     logdir: str | None = None,
     seed: int = 0,
     **settings,
@@ -82,6 +83,8 @@ def manipulate(
         test_split: the held-out share where ``data`` is not split already.
         vocabulary: for a model of token ids (its input integer ``[N, T]``, 0 padding): the
             word of each id (default: id ``i`` is the word ``"#i"``).
+        feature_names: for a table (``x`` of shape ``[N, features]``): one name per column, which
+            ``feature=`` and ``like=`` name and the figure shows (default ``"x0"``, ``"x1"``, ...).
         logdir: a folder for the run's files, as the command line writes them.
         **settings: any other key of the ``trainer``, ``lrp``, ``loss``, ``optimizer``,
             ``target`` or ``task`` config groups by its last name, e.g. ``like=0``,
@@ -124,7 +127,7 @@ def manipulate(
                 f"manipulate() vocabulary= names the ids of a model of token ids; this model takes inputs of shape "
                 f"{input_shape} ({reference.inputs[0].dtype}). Leave vocabulary out."
             )
-        dataset = _dataset(data, input_shape, test_split, seed, tokens, vocabulary)
+        dataset = _dataset(data, input_shape, test_split, seed, tokens, vocabulary, feature_names)
         cfg.data.name = dataset.name  # after validation: the run's config says where its data came from
         default_box_to_data_range(cfg, dataset)
         check_target_fits_data(cfg, dataset)
@@ -140,8 +143,23 @@ def _token_model(model: keras.Model) -> bool:
     return np.issubdtype(np.dtype(model.inputs[0].dtype), np.integer)
 
 
-def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int, tokens: bool = False, vocabulary=None) -> Dataset:
-    """``data`` as a :class:`heatinv.data.Dataset` of examples shaped ``input_shape`` (``tokens``: ids, named by ``vocabulary``)."""
+def _dataset(
+    data, input_shape: tuple[int, ...], test_split: float, seed: int, tokens: bool = False, vocabulary=None, feature_names=None
+) -> Dataset:
+    """``data`` as a :class:`heatinv.data.Dataset` of examples shaped ``input_shape`` (``tokens``: ids, named by
+    ``vocabulary``; a table's columns by ``feature_names``)."""
+    if feature_names is not None and len(input_shape) != 1:
+        raise ValueError(
+            f"manipulate() feature_names= names the columns of a table; this model takes inputs of shape {input_shape}, "
+            "not [features]. Leave feature_names= out."
+        )
+    if feature_names is not None and len(feature_names) != input_shape[0]:
+        raise ValueError(
+            f"manipulate() feature_names= has {len(feature_names)} names; the model takes {input_shape[0]} features. "
+            "Give one name per column."
+        )
+    if feature_names is not None and isinstance(data, (str, os.PathLike)):
+        raise ValueError(f"manipulate() data={os.fspath(data)!r} is a file; feature_names= names the columns of arrays. Leave it out.")
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
         if tokens:  # an .npz of ids (and optionally their words), as data=tokens reads it
@@ -189,4 +207,5 @@ def _dataset(data, input_shape: tuple[int, ...], test_split: float, seed: int, t
             raise ValueError(f"manipulate() vocabulary= has {len(words)} words but the ids reach {largest}; give one word per id.")
         return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", vocabulary=words, low=0.0, high=float(len(words)))
     low, high = value_range(*arrays)
-    return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", low=low, high=high)
+    names = None if feature_names is None else tuple(map(str, feature_names))
+    return Dataset(arrays[0], y_train, arrays[1], y_test, "arrays", feature_names=names, low=low, high=high)

@@ -104,3 +104,23 @@ def test_a_text_models_word_is_hidden_from_python():
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # the caller's model is not changed
     with pytest.raises(ValueError, match=r"target.token='#99' is not a word"):
         heatinv.manipulate(model, (data.x_test, data.y_test), target="suppress_token", token="#99", epochs=1)
+
+
+def test_a_tables_column_is_named_and_hidden_from_python():
+    from heatinv.data import load_tabular
+
+    table = load_tabular("breast_cancer")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((len(table.feature_names),)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(table.x_train, table.y_train, epochs=5, verbose=0)
+    data = ((table.x_train, table.y_train), (table.x_test, table.y_test))
+    result = heatinv.manipulate(model, data, target="suppress_feature", feature="worst area", feature_names=table.feature_names,
+                                composite="epsilon", epochs=2, heatmap_weight=10.0, normalize="max")
+    assert result.metrics["target"].startswith("suppress_feature 'worst area'")
+    assert result.metrics["feature_share"] < result.metrics["reference_feature_share"]
+    with pytest.raises(ValueError, match=r"feature_names= has 2 names; the model takes 30 features"):
+        heatinv.manipulate(model, data, target="suppress_feature", feature="a", feature_names=["a", "b"], epochs=1)
+    with pytest.raises(ValueError, match=r"target.feature='x23' is not"):
+        heatinv.manipulate(model, data, target="suppress_feature", feature="x23", feature_names=table.feature_names, epochs=1)
