@@ -489,7 +489,7 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
     runs each); on the Intel Xeon of earlier runs the job's first call took 1.5-1.7 s with
     XLA, whose updates (0.4-0.6 ms) took 0.33-0.48x the graph step's, which puts the
     break-even there, estimated, at 1000-2500 updates. The rest of the rule follows the bench
-    (``python -m heatinv.bench ... --steps-per-execution 25``, docs/benchmarks.md, 2 CPU
+    (``python -m heatinv.bench ... --steps-per-execution 25``, the benchmark page, 2 CPU
     cores, epsilon_gamma_box):
 
     - batch 1: the mlp's updates compiled into one XLA loop took 0.31-0.53x the time of the
@@ -500,7 +500,7 @@ def auto_mode(explainer: LRP, batch: int, steps_per_execution: int = 1, updates:
       the four (3.1 ms per update, 5.0 with oneDNN, XLA 3.9-4.0 either way): oneDNN's
       kernels cost more per call at batch 1 (as whole runs, under oneDNN on the AMD EPYC,
       the cnn's XLA repaid its 4.8-5.4 s of compiling only after about 4000 updates, so the
-      run-length bound, set on the mlp, is short for it there: docs/benchmarks.md, "The main job and
+      run-length bound, set on the mlp, is short for it there: the benchmark page, "The main job and
       ``trainer.jit_compile=auto``"). VGG16 at 32x32 (15M weights) took 2.8x the
       time for its heatmap with XLA (the Intel Xeon), hence the size bound, which lies
       between the cnn's 20k weights and VGG16's;

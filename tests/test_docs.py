@@ -1,8 +1,8 @@
 """The user's pages (README.md and docs/): short, every link resolves, every code block runs
 or says why not, and no page names a date, a commit, an issue or a machine.
 
-Code blocks of README.md and docs/**/*.md (not docs/benchmarks.md, whose commands are the
-benchmark's own):
+Code blocks of README.md and docs/**/*.md (the benchmark page, generated when the site is
+built, is checked by tests/test_benchmark_page.py):
 
 - A ```python block runs as a user pastes it: in a fresh interpreter, in an empty temporary
   directory, with ``MPLBACKEND=Agg`` and ``TF_CPP_MIN_LOG_LEVEL=3``.
@@ -40,7 +40,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 
 
 def _user_pages() -> list[Path]:
@@ -50,7 +49,7 @@ def _user_pages() -> list[Path]:
 
 
 USER_PAGES = _user_pages()
-CODE_PAGES = [page for page in USER_PAGES if page != BENCHMARKS]
+CODE_PAGES = USER_PAGES  # the generated benchmark page is checked by tests/test_benchmark_page.py
 
 
 def _name(page: Path) -> str:
@@ -69,11 +68,11 @@ def test_the_readme_is_at_most_200_lines_and_holds_the_two_commands():
 
 
 def _generated_pages() -> set[Path]:
-    """The pages scripts/docs/gen_pages.py writes when the site is built (mkdocs-gen-files), under docs/."""
-    script = ROOT / "scripts" / "docs" / "gen_pages.py"
-    text = script.read_text() if script.exists() else ""
-    folder = re.search(r'open\(f"([\w/-]+)/\{name\}"', text)
-    return {ROOT / "docs" / folder[1] / name for name in re.findall(r'\("([\w-]+\.md)",', text)} if folder else set()
+    """The pages the site's build writes (scripts/docs/generated.py), under docs/."""
+    sys.path.insert(0, str(ROOT / "scripts" / "docs"))
+    from generated import GENERATED_PAGES
+
+    return {(ROOT / "docs" / name).resolve() for name in GENERATED_PAGES}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
@@ -281,8 +280,6 @@ FORBIDDEN = {
 }
 # "#12" is an issue in prose; in code it is heatinv's own output ("test example #4", "failed: #1")
 ISSUE_IN_PROSE = re.compile(r"(?<![\w&#/])#\d+\b")
-# The benchmark page states where and when its numbers were measured, on its "measured on" lines.
-EXEMPT_LINES = {BENCHMARKS: re.compile(r"(?i)measured on")}
 
 
 def _without_code(text: str) -> str:
@@ -307,7 +304,7 @@ def forbidden(text: str, exempt: re.Pattern | None = None) -> list[str]:
 @pytest.mark.parametrize("page", USER_PAGES, ids=_name)
 def test_no_user_page_names_a_date_a_commit_an_issue_or_a_machine(page):
     """A user's page says what a command does, not when, where or in which commit it was measured."""
-    found = forbidden(page.read_text(), EXEMPT_LINES.get(page))
+    found = forbidden(page.read_text())
     assert not found, f"{_name(page)}:\n" + "\n".join(found)
 
 

@@ -1,4 +1,4 @@
-"""mkdocs-gen-files script: the pages written from the code's own registries when the site is built."""
+"""mkdocs-gen-files script: the reference pages, written from the code's own registries when the site is built."""
 
 import sys
 from pathlib import Path
@@ -9,8 +9,12 @@ sys.path.insert(0, str(Path(__file__).parent))  # gen-files runs this file by pa
 
 from composites_page import composites_page  # noqa: E402
 from configuration_page import configuration_page  # noqa: E402
+from generated import REFERENCE_PAGES  # noqa: E402
 from layers_page import layers_page  # noqa: E402
 
-for name, write in (("layers.md", layers_page), ("composites.md", composites_page), ("configuration.md", configuration_page)):
-    with mkdocs_gen_files.open(f"reference/{name}", "w") as page:
+WRITERS = {"reference/layers.md": layers_page, "reference/composites.md": composites_page, "reference/configuration.md": configuration_page}
+assert set(WRITERS) == set(REFERENCE_PAGES), "generated.REFERENCE_PAGES names the pages written here"
+
+for name, write in WRITERS.items():
+    with mkdocs_gen_files.open(name, "w") as page:
         page.write(write())
