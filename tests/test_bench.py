@@ -254,19 +254,23 @@ def _fake_train(metrics_by_steps, calls):
     return fake_run
 
 
-def test_main_job_times_a_step_by_the_difference_of_two_runs(monkeypatch):
+def test_main_job_times_a_step_by_each_runs_loop_after_its_first_call(monkeypatch):
+    # 25 updates in each first call: 1975 and 3975 after it
     metrics = {
-        2000: {"loop_seconds": 9.0, "first_call_seconds": 4.0, "summaries_seconds": 0.5, "checkpoints_seconds": 0.25, "xla_why": "xla: 2000 steps"},
-        4000: {"loop_seconds": 16.0, "first_call_seconds": 5.0, "summaries_seconds": 1.5, "checkpoints_seconds": 0.5, "xla_why": "xla: 2000 steps"},
+        2000: {"loop_seconds": 9.0, "first_call_seconds": 4.0, "seconds": 3.95, "steps_per_second": 500.0, "summaries_seconds": 0.5,
+               "checkpoints_seconds": 0.25, "xla_why": "xla: 2000 steps"},
+        4000: {"loop_seconds": 16.0, "first_call_seconds": 5.0, "seconds": 7.95, "steps_per_second": 500.0, "summaries_seconds": 1.5,
+               "checkpoints_seconds": 0.5, "xla_why": "xla: 2000 steps"},
     }  # fmt: skip
     calls = []
     monkeypatch.setattr(subprocess, "run", _fake_train(metrics, calls))
     clock = iter([100.0, 110.0, 200.0, 225.0])  # each run's start and end: 10 s and 25 s
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     record = bench.main_job(2000, 4000)
-    # loops less first calls: 5 s and 11 s, so 6 s for 2000 steps
-    assert record["ms_median"] == record["ms_min"] == record["ms_max"] == pytest.approx(3.0)
-    assert record["steps_per_second"] == pytest.approx(1e3 / 3.0)
+    # loops less first calls: 5 s over 1975 updates and 11 s over 3975; the long run's is the record's
+    assert record["ms_median"] == pytest.approx(11e3 / 3975)
+    assert (record["ms_min"], record["ms_max"]) == (pytest.approx(5e3 / 1975), pytest.approx(11e3 / 3975))
+    assert record["steps_per_second"] == pytest.approx(3975 / 11.0)
     assert record["summaries_ms_per_step"] == pytest.approx(0.5)
     assert record["process_ms_per_step"] == pytest.approx(7.5)
     assert record["bookkeeping_share"] == pytest.approx(2.0 / 16.0)
@@ -279,13 +283,15 @@ def test_main_job_times_a_step_by_the_difference_of_two_runs(monkeypatch):
 
 def test_main_job_counts_a_run_without_first_call_as_zero_and_refuses_different_steps(monkeypatch):
     metrics = {
-        100: {"loop_seconds": 1.0, "first_call_seconds": None, "summaries_seconds": 0.0, "checkpoints_seconds": 0.0},
-        300: {"loop_seconds": 2.0, "first_call_seconds": None, "summaries_seconds": 0.0, "checkpoints_seconds": 0.0},
+        100: {"loop_seconds": 1.0, "first_call_seconds": None, "seconds": None, "steps_per_second": None, "summaries_seconds": 0.0,
+              "checkpoints_seconds": 0.0},
+        300: {"loop_seconds": 2.0, "first_call_seconds": None, "seconds": None, "steps_per_second": None, "summaries_seconds": 0.0,
+              "checkpoints_seconds": 0.0},
     }  # fmt: skip
     monkeypatch.setattr(subprocess, "run", _fake_train(metrics, []))
     record = bench.main_job(100, 300)
     assert (record["ms_median"], record["jit"], record["command"]) == (
-        pytest.approx(5.0), "defaults", "python -m heatinv.train trainer.steps=100 / 300")
+        pytest.approx(2e3 / 300), "defaults", "python -m heatinv.train trainer.steps=100 / 300")
     metrics[300]["xla_why"] = "xla"
     with pytest.raises(ValueError, match="different steps"):
         bench.main_job(100, 300)

@@ -707,10 +707,10 @@ did. Where XLA cannot compile the step the run goes on with the graph step after
 line. `metrics.json`'s `xla` and `xla_why` say which ran; `true`/`false` force it.
 
 The main job, `python -m heatinv.train` with the defaults (mlp, `epsilon_gamma_box`, batch 1), is
-timed as a user runs it: two runs of different lengths in fresh processes, the loop's wall time
-per step of their difference, summaries, checkpoints and logging included, start-up and the first
-(compiling) call left out. Its goal is the steps/s goal above; summaries and checkpoints should
-take at most 10 % of the loop.
+timed as a user runs it: two runs of different lengths in fresh processes, each run's loop wall
+time per step after its first (compiling) call, summaries, checkpoints and logging included,
+start-up and compiling left out; the table gives the longer run's. Its goal is the steps/s goal
+above; summaries and checkpoints should take at most 10 % of the loop.
 
 The bench checks `auto`'s pick in every case against the other mode, each run as the trainer runs
 it: at batch 1 (`task=single`) the multi-step loops, at larger batches (only `task=dataset` has
