@@ -35,7 +35,7 @@ class DataConfig:
     name: str = "digits"  # digits | mnist | npz | folder | csv | text | tokens | protected_text | breast_cancer | wine (data=tabular)
     path: Optional[str] = None  # mnist.npz for data=mnist (default: ~/.keras/datasets/mnist.npz); the file or folder of npz, folder, csv
     image_size: list[int] = field(default_factory=lambda: [32, 32])  # folder: every image resized to [height, width]
-    test_split: float = 0.2  # folder: the held-out fraction (seeded split)
+    test_split: float = 0.2  # folder, text: the held-out fraction (seeded split)
     color_mode: str = "rgb"  # folder: rgb (3 channels) | grayscale (1), as keras.utils.image_dataset_from_directory
     label_column: Optional[str] = None  # csv, text: the header of the label column (text: default "label")
     text_column: str = "text"  # text: the header of the text column
@@ -45,7 +45,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # mlp | cnn | vit | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
+    name: str = "mlp"  # mlp | cnn | vit | transformer (text) | file | a Keras application (vgg16, resnet50, mobilenetv2, ...)
     path: Optional[str] = None  # a .keras/.h5 file for model=file
     weights: Optional[str] = None  # a local <file>.weights.h5 for the reference (none: trained here); not with model=file
     hidden: list[int] = field(default_factory=lambda: [300, 100])  # mlp: the hidden Dense layers' widths
@@ -72,7 +72,7 @@ class TargetConfig:
     path: Optional[str] = None  # kind=file: the heatmap (.npy or .png)
     image: Optional[str] = None  # kind=file: the input it belongs to (.npy or .png)
     pattern: str = "square"  # kind=pattern: square | cross | frame | file (from target.path)
-    scale: float = 1.0  # kind=pattern: total relevance of the pattern
+    scale: float = 1.0  # task=single, kind=pattern or tokens: total relevance of the target
     like: Any = 0  # kind=swap: the class whose reference heatmaps the images get; swap_features: the feature that receives the relevance
     top_k: int = 50  # kind=suppress: how many of the most relevant pixels to empty
     token: Optional[str] = None  # text: suppress_token: the word whose relevance goes to the other tokens
@@ -85,7 +85,7 @@ class TaskConfig:
     classes: Optional[list[Any]] = None  # dataset: the classes whose heatmaps move, by index or name (None: all)
     epochs: int = 20  # dataset: passes over the training images
     batch_size: int = 64  # dataset: images per update
-    heatmap_weight: float = 1.0  # the heatmap loss's weight in the objective
+    heatmap_weight: float = 1.0  # dataset: the heatmap loss's weight in the objective
     ce_weight: float = 1.0  # dataset: the cross-entropy on the true labels' weight (keeps the accuracy)
     logit_weight: float = 0.0  # dataset: the weight of the term that keeps the logits near the reference's (task.teacher)
     lr_schedule: str = "constant"  # dataset: constant | cosine (decays optimizer.lr to 0 over the run)
@@ -94,7 +94,7 @@ class TaskConfig:
     early_stopping: bool = False  # dataset: train on the reference's fit split, restore the best validation epoch
     min_agreement: float = 0.97  # early_stopping: an epoch qualifies at this validation agreement with the reference...
     max_accuracy_drop: float = 0.01  # ...and at most this validation accuracy below the reference's
-    success_threshold: float = 0.8  # a held-out image counts as manipulated at this cosine to its target
+    success_threshold: float = 0.8  # dataset: a held-out image counts as manipulated at this cosine to its target
 
 
 @dataclass
@@ -142,7 +142,7 @@ class TrainerConfig:
     checkpoint_every: int = 0  # steps between checkpoints (0: none by steps; tests set it for known steps)
     resume: bool = False  # continue the run in hydra.run.dir from its last checkpoint
     overwrite: bool = False  # replace the results already in hydra.run.dir
-    max_nonfinite: int = 10  # stop after this many steps in a row with NaN/Inf loss or gradients
+    max_nonfinite: int = 10  # stop after this many steps in a row with NaN/Inf loss or gradients (0: never stop)
 
 
 @dataclass
